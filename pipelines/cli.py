@@ -1,0 +1,43 @@
+"""The one entry point every stage goes through: logging set-up and clean user errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from .errors import PipelineError
+
+DEBUG_ENV = "PIPELINES_DEBUG"
+
+
+def setup_logging(rank: int = 0) -> None:
+    """Log INFO to stderr on the main process, WARNING and above elsewhere."""
+    level = logging.INFO if rank == 0 else logging.WARNING
+    prefix = "" if rank == 0 else f"[rank {rank}] "
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s {prefix}%(name)s %(levelname)s: %(message)s",
+        datefmt="%H:%M:%S",
+        force=True,
+    )
+
+
+def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
+    """Run a stage's ``main``; a :class:`PipelineError` becomes one line on stderr and exit code 2.
+
+    Set ``PIPELINES_DEBUG=1`` to get the full traceback instead.
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(rank)
+    try:
+        main(argv)
+    except PipelineError as err:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        if rank == 0:
+            print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

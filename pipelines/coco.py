@@ -1,0 +1,252 @@
+"""COCO-format annotation I/O and validation.
+
+:func:`validate_coco` checks an annotation file and its image folder and returns a cleaned copy
+plus a summary. Structural problems (bad JSON, duplicate ids, dangling references, missing or
+unreadable images, file names that escape the image folder) raise :class:`DatasetError` naming the
+file and the offending id. Box problems are repaired or dropped and counted: boxes slightly outside
+the image are clipped, degenerate boxes and boxes mostly outside the image are rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+
+from PIL import Image, UnidentifiedImageError
+from tqdm import tqdm
+
+from .errors import DatasetError
+
+# COCO's area ranges for the small / medium / large buckets.
+SMALL_AREA = 32**2
+LARGE_AREA = 96**2
+MIN_INSIDE_FRACTION = 0.5  # a box with less of its area inside the image is rejected
+
+
+def load_json(path: str | Path) -> dict:
+    """Parse a COCO annotation file; errors name the file."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: annotation file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DatasetError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise DatasetError(f"{path}: expected a JSON object with images, annotations and categories")
+    return data
+
+
+def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, check_images: bool = True) -> tuple[dict, dict]:
+    """Validate a COCO annotation file against its image folder.
+
+    Args:
+        annotations_path: the COCO JSON.
+        image_dir: the folder that ``file_name`` entries are relative to.
+        check_images: open every image header to check it exists, is readable and has the
+            size the JSON states.
+
+    Returns:
+        ``(cleaned, summary)``: the annotations with repaired boxes (rejected ones removed, ``area``
+        and ``iscrowd`` filled in) and a summary of counts for a metrics file.
+
+    Raises:
+        DatasetError: on any structural problem, naming the file and the offending id.
+    """
+    path = Path(annotations_path)
+    data = load_json(path)
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(data.get(key), list):
+            raise DatasetError(f"{path}: '{key}' must be a list")
+
+    images = [_check_image_entry(path, i, entry) for i, entry in enumerate(data["images"])]
+    categories = [_check_category_entry(path, i, entry) for i, entry in enumerate(data["categories"])]
+    _no_duplicates(path, "image", [im["id"] for im in images])
+    _no_duplicates(path, "category", [c["id"] for c in categories])
+    _no_duplicates(path, "annotation", [a.get("id") for a in data["annotations"] if isinstance(a, dict)])
+
+    image_by_id = {im["id"]: im for im in images}
+    category_ids = {c["id"] for c in categories}
+    for im in images:
+        _check_file_name(path, im)
+    if check_images:
+        _check_image_files(path, Path(image_dir), images)
+
+    counts: Counter[str] = Counter()
+    kept = []
+    for i, ann in enumerate(data["annotations"]):
+        ann = _check_annotation_entry(path, i, ann)
+        if ann["image_id"] not in image_by_id:
+            raise DatasetError(f"{path}: annotation id {ann['id']}: refers to missing image id {ann['image_id']!r}")
+        if ann["category_id"] not in category_ids:
+            raise DatasetError(
+                f"{path}: annotation id {ann['id']}: refers to missing category id {ann['category_id']!r}"
+            )
+        image = image_by_id[ann["image_id"]]
+        verdict, box = _repair_box(ann["bbox"], image["width"], image["height"])
+        counts[verdict] += 1
+        if verdict.startswith("rejected"):
+            continue
+        ann["bbox"] = box
+        kept.append(ann)
+
+    cleaned = {
+        "info": data.get("info", {}),
+        "licenses": data.get("licenses", []),
+        "images": images,
+        "annotations": kept,
+        "categories": categories,
+    }
+    return cleaned, summarize(cleaned, box_counts=counts)
+
+
+def summarize(coco: dict, *, box_counts: Counter | None = None) -> dict:
+    """Counts of images, annotations, crowd regions, per category and per COCO scale bucket."""
+    names = {c["id"]: c["name"] for c in coco["categories"]}
+    per_category = Counter({name: 0 for name in names.values()})
+    per_scale = Counter({"small": 0, "medium": 0, "large": 0})
+    with_boxes = set()
+    crowd = 0
+    for ann in coco["annotations"]:
+        if ann["iscrowd"]:
+            crowd += 1
+            continue
+        with_boxes.add(ann["image_id"])
+        per_category[names[ann["category_id"]]] += 1
+        area = ann["area"]
+        per_scale["small" if area < SMALL_AREA else "medium" if area < LARGE_AREA else "large"] += 1
+    box_counts = box_counts or Counter()
+    return {
+        "images": len(coco["images"]),
+        "images_without_boxes": len(coco["images"]) - len(with_boxes),
+        "annotations": len(coco["annotations"]),
+        "crowd": crowd,
+        "boxes_clipped": box_counts["clipped"],
+        "boxes_rejected_degenerate": box_counts["rejected_degenerate"],
+        "boxes_rejected_outside": box_counts["rejected_outside"],
+        "per_category": dict(per_category),
+        "per_scale": dict(per_scale),
+    }
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_image_entry(path: Path, index: int, entry) -> dict:
+    if not isinstance(entry, dict) or not _is_int(entry.get("id")):
+        raise DatasetError(f"{path}: images[{index}]: expected an object with an integer 'id'")
+    image_id = entry["id"]
+    if not isinstance(entry.get("file_name"), str) or not entry["file_name"]:
+        raise DatasetError(f"{path}: image id {image_id}: 'file_name' must be a non-empty string")
+    for key in ("width", "height"):
+        if not _is_int(entry.get(key)) or entry[key] <= 0:
+            raise DatasetError(f"{path}: image id {image_id}: '{key}' must be a positive integer, got {entry.get(key)!r}")
+    return {"id": image_id, "file_name": entry["file_name"], "width": entry["width"], "height": entry["height"]}
+
+
+def _check_category_entry(path: Path, index: int, entry) -> dict:
+    if not isinstance(entry, dict) or not _is_int(entry.get("id")):
+        raise DatasetError(f"{path}: categories[{index}]: expected an object with an integer 'id'")
+    if not isinstance(entry.get("name"), str):
+        raise DatasetError(f"{path}: category id {entry['id']}: 'name' must be a string")
+    return {"id": entry["id"], "name": entry["name"], "supercategory": entry.get("supercategory", "")}
+
+
+def _check_annotation_entry(path: Path, index: int, entry) -> dict:
+    if not isinstance(entry, dict) or not _is_int(entry.get("id")):
+        raise DatasetError(f"{path}: annotations[{index}]: expected an object with an integer 'id'")
+    ann_id = entry["id"]
+    for key in ("image_id", "category_id"):
+        if not _is_int(entry.get(key)):
+            raise DatasetError(f"{path}: annotation id {ann_id}: '{key}' must be an integer, got {entry.get(key)!r}")
+    bbox = entry.get("bbox")
+    if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+        raise DatasetError(f"{path}: annotation id {ann_id}: 'bbox' must be a list of 4 numbers [x, y, w, h], got {bbox!r}")
+    iscrowd = entry.get("iscrowd", 0)
+    if iscrowd not in (0, 1):
+        raise DatasetError(f"{path}: annotation id {ann_id}: 'iscrowd' must be 0 or 1, got {iscrowd!r}")
+    area = entry.get("area")
+    if area is None:
+        area = bbox[2] * bbox[3]
+    elif not _is_number(area):
+        raise DatasetError(f"{path}: annotation id {ann_id}: 'area' must be a number, got {area!r}")
+    cleaned = {
+        "id": ann_id,
+        "image_id": entry["image_id"],
+        "category_id": entry["category_id"],
+        "bbox": [float(v) for v in bbox],
+        "area": float(area),
+        "iscrowd": int(iscrowd),
+    }
+    if "segmentation" in entry:
+        cleaned["segmentation"] = entry["segmentation"]
+    return cleaned
+
+
+def _no_duplicates(path: Path, what: str, ids: list) -> None:
+    seen = set()
+    for value in ids:
+        if value in seen:
+            raise DatasetError(f"{path}: duplicate {what} id {value}")
+        seen.add(value)
+
+
+def _check_file_name(path: Path, image: dict) -> None:
+    name = image["file_name"]
+    parts = PurePosixPath(name.replace("\\", "/"))
+    if parts.is_absolute() or os.path.isabs(name) or ".." in parts.parts:
+        raise DatasetError(
+            f"{path}: image id {image['id']}: file_name {name!r} escapes the image folder "
+            "(expected a relative path without '..')"
+        )
+
+
+def _check_image_files(path: Path, image_dir: Path, images: list[dict]) -> None:
+    if not image_dir.is_dir():
+        raise DatasetError(f"{image_dir}: image folder not found (for {path})")
+
+    def read_size(image: dict):
+        file = image_dir / image["file_name"]
+        try:
+            with Image.open(file) as im:
+                return image, file, im.size, None
+        except FileNotFoundError:
+            return image, file, None, "image file not found"
+        except (UnidentifiedImageError, OSError) as err:
+            return image, file, None, f"unreadable image ({err})"
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = pool.map(read_size, images)
+        for image, file, size, problem in tqdm(results, total=len(images), desc=f"check {path.name}",
+                                               unit="img", mininterval=2.0, disable=len(images) < 1000):
+            if problem:
+                raise DatasetError(f"{file}: image id {image['id']}: {problem}")
+            if size != (image["width"], image["height"]):
+                raise DatasetError(
+                    f"{file}: image id {image['id']}: file is {size[0]}x{size[1]} but {path.name} says "
+                    f"{image['width']}x{image['height']}"
+                )
+
+
+def _repair_box(bbox: list[float], width: int, height: int) -> tuple[str, list[float]]:
+    """Return ``(verdict, box)``: ``ok``, ``clipped``, ``rejected_degenerate`` or ``rejected_outside``."""
+    x, y, w, h = bbox
+    if not all(math.isfinite(v) for v in bbox) or w <= 0 or h <= 0:
+        return "rejected_degenerate", bbox
+    x0, y0 = max(x, 0.0), max(y, 0.0)
+    x1, y1 = min(x + w, float(width)), min(y + h, float(height))
+    if x1 <= x0 or y1 <= y0 or (x1 - x0) * (y1 - y0) < MIN_INSIDE_FRACTION * w * h:
+        return "rejected_outside", bbox
+    if (x0, y0, x1, y1) == (x, y, x + w, y + h):
+        return "ok", bbox
+    return "clipped", [x0, y0, x1 - x0, y1 - y0]

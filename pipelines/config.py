@@ -1,0 +1,296 @@
+"""Typed schemas for ``params.yaml`` and the one loader that validates it.
+
+``conf/`` is composed by Hydra (through DVC) into ``params.yaml``; stages read only ``params.yaml``
+through :func:`load_params`, which checks it against these OmegaConf structured configs and then
+checks values. Every problem stops the stage with one line naming the key and what was expected.
+The schemas carry no defaults of their own: ``conf/`` is the single source of values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from .errors import ConfigError
+
+
+@dataclass
+class SyntheticDataset:
+    """The built-in shapes dataset, generated from a seed (see :mod:`pipelines.synthetic`)."""
+
+    name: str = MISSING
+    source: str = MISSING  # the DVC dependency that stands for the data: the generator itself
+    seed: int = MISSING
+    train_size: int = MISSING
+    val_size: int = MISSING
+    num_classes: int = MISSING
+    min_side: int = MISSING
+    max_side: int = MISSING
+    min_objects: int = MISSING
+    max_objects: int = MISSING
+
+
+@dataclass
+class CocoDataset:
+    """A user's COCO-format dataset on disk: an image folder and an annotation JSON per split."""
+
+    name: str = MISSING
+    source: str = MISSING  # folder that holds the data, a DVC dependency of the prepare stage
+    train_images: str = MISSING
+    train_annotations: str = MISSING
+    val_images: str = MISSING
+    val_annotations: str = MISSING
+
+
+DATASETS: dict[str, type] = {"synthetic": SyntheticDataset, "coco": CocoDataset}
+
+
+@dataclass
+class Model:
+    name: str = MISSING
+    backbone: str = MISSING  # resnet18 | resnet34 | resnet50 | resnet101
+    norm: str = MISSING  # batchnorm | groupnorm | frozen_batchnorm
+    fpn_channels: int = MISSING
+    head_convs: int = MISSING
+    min_size_train: list[int] = MISSING  # shorter side; one value is drawn per image
+    max_size_train: int = MISSING
+    min_size_test: int = MISSING
+    max_size_test: int = MISSING
+    precision: str = MISSING  # bf16 | fp32: autocast of backbone and head
+    channels_last: bool = MISSING
+    score_thresh: float = MISSING
+    nms_thresh: float = MISSING
+    detections_per_img: int = MISSING
+    topk_candidates: int = MISSING
+
+    def detector_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`pipelines.model.build_detector` (the one config edge)."""
+        keys = ("backbone", "norm", "fpn_channels", "head_convs", "precision", "channels_last", "score_thresh",
+                "nms_thresh", "detections_per_img", "topk_candidates")
+        return {k: getattr(self, k) for k in keys}
+
+
+@dataclass
+class Augment:
+    name: str = MISSING  # none | flip
+    hflip_prob: float = MISSING
+
+
+@dataclass
+class Loader:
+    num_workers: int = MISSING
+    aspect_grouping: bool = MISSING
+    size_divisibility: int = MISSING
+
+
+@dataclass
+class Train:
+    nproc: int = MISSING
+    ims_per_batch: int = MISSING  # global batch, split evenly across processes
+    max_iter: int = MISSING
+    optimizer: str = MISSING  # sgd | adamw
+    base_lr: float = MISSING
+    momentum: float = MISSING
+    weight_decay: float = MISSING
+    norm_weight_decay: float = MISSING  # weight decay of normalisation weights and biases
+    lr_schedule: str = MISSING  # multistep | cosine
+    steps: list[int] = MISSING
+    gamma: float = MISSING
+    warmup_iters: int = MISSING
+    warmup_factor: float = MISSING
+    clip_grad_norm: float = MISSING  # 0 turns clipping off
+    log_period: int = MISSING
+    checkpoint_period: int = MISSING
+
+
+@dataclass
+class Evaluate:
+    ims_per_batch: int = MISSING
+
+
+@dataclass
+class Tracking:
+    experiment: str = MISSING
+
+
+@dataclass
+class Params:
+    seed: int = MISSING
+    model: Model = field(default_factory=Model)
+    augment: Augment = field(default_factory=Augment)
+    loader: Loader = field(default_factory=Loader)
+    train: Train = field(default_factory=Train)
+    evaluate: Evaluate = field(default_factory=Evaluate)
+    tracking: Tracking = field(default_factory=Tracking)
+    dataset: Any = None  # SyntheticDataset | CocoDataset, chosen by dataset.name
+
+
+CHOICES = {
+    "model.backbone": ("resnet18", "resnet34", "resnet50", "resnet101"),
+    "model.norm": ("batchnorm", "groupnorm", "frozen_batchnorm"),
+    "model.precision": ("bf16", "fp32"),
+    "augment.name": ("none", "flip"),
+    "train.optimizer": ("sgd", "adamw"),
+    "train.lr_schedule": ("multistep", "cosine"),
+}
+
+
+def load_params(path: str | Path = "params.yaml", *, world_size: int | None = None) -> Params:
+    """Read and validate ``params.yaml``.
+
+    Args:
+        path: the parameters file.
+        world_size: the number of processes actually running, when known; batch sizes must divide.
+
+    Returns:
+        The typed :class:`Params`.
+
+    Raises:
+        ConfigError: on a missing file, unknown key, wrong type or impossible value.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found (run from the repository root, or compose conf/)")
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as err:  # YAML syntax errors come in many types
+        raise ConfigError(f"{path}: not valid YAML ({_first_line(err)})") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return params_from_dict(OmegaConf.to_container(raw), source=str(path), world_size=world_size)
+
+
+def params_from_dict(raw: dict, *, source: str = "params", world_size: int | None = None) -> Params:
+    """Validate a plain dictionary of parameters (as :func:`load_params` does for a file)."""
+    raw = dict(raw)
+    dataset_raw = raw.pop("dataset", None)
+    if not isinstance(dataset_raw, dict):
+        raise ConfigError(f"{source}: dataset: expected a section with a 'name' ({' | '.join(DATASETS)})")
+    name = dataset_raw.get("name")
+    if name not in DATASETS:
+        raise ConfigError(f"{source}: dataset.name: expected one of {', '.join(DATASETS)}, got {name!r}")
+
+    params = _typed(Params, raw, source, prefix="")
+    params.dataset = _typed(DATASETS[name], dataset_raw, source, prefix="dataset.")
+    _check_values(params, source, world_size)
+    return params
+
+
+def to_flat_dict(params: Params) -> dict[str, Any]:
+    """Flatten params into dotted keys (``train.base_lr``), as recorded in MLflow."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if dataclasses.is_dataclass(value):
+            for f in dataclasses.fields(value):
+                walk(f"{prefix}{f.name}.", getattr(value, f.name))
+        else:
+            flat[prefix[:-1]] = value
+
+    walk("", params)
+    return flat
+
+
+def _typed(schema: type, raw: dict, source: str, prefix: str) -> Any:
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), raw)
+        return OmegaConf.to_object(merged)
+    except ConfigKeyError as err:
+        key = prefix + (err.full_key or str(err.key))
+        parent = err.object_type
+        expected = ", ".join(f.name for f in dataclasses.fields(parent)) if dataclasses.is_dataclass(parent) else ""
+        raise ConfigError(f"{source}: {key}: unknown key (expected one of: {expected})") from None
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{source}: {prefix}{err.full_key}: missing value") from None
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {prefix}{err.full_key}: {_first_line(err)}") from None
+    except OmegaConfBaseException as err:
+        key = prefix + (getattr(err, "full_key", "") or "")
+        raise ConfigError(f"{source}: {key}: {_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _check_values(p: Params, source: str, world_size: int | None) -> None:
+    def require(ok: bool, key: str, expected: str, value: Any) -> None:
+        if not ok:
+            raise ConfigError(f"{source}: {key}: expected {expected}, got {value!r}")
+
+    for key, choices in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(p, section), name)
+        require(value in choices, key, "one of " + ", ".join(choices), value)
+
+    require(p.seed >= 0, "seed", "an integer >= 0", p.seed)
+
+    d = p.dataset
+    if isinstance(d, SyntheticDataset):
+        require(d.seed >= 0, "dataset.seed", "an integer >= 0", d.seed)
+        require(d.train_size >= 1, "dataset.train_size", "at least 1 image", d.train_size)
+        require(d.val_size >= 1, "dataset.val_size", "at least 1 image", d.val_size)
+        require(1 <= d.num_classes <= 6, "dataset.num_classes", "1 to 6 shape classes", d.num_classes)
+        require(d.min_side >= 64, "dataset.min_side", "at least 64 pixels", d.min_side)
+        require(d.max_side >= d.min_side, "dataset.max_side", f">= dataset.min_side ({d.min_side})", d.max_side)
+        require(d.min_objects >= 1, "dataset.min_objects", "at least 1", d.min_objects)
+        require(d.max_objects >= d.min_objects, "dataset.max_objects", f">= dataset.min_objects ({d.min_objects})", d.max_objects)
+
+    m = p.model
+    require(m.fpn_channels > 0 and m.fpn_channels % 32 == 0, "model.fpn_channels",
+            "a positive multiple of 32 (the head's GroupNorm has 32 groups)", m.fpn_channels)
+    require(m.head_convs >= 1, "model.head_convs", "at least 1", m.head_convs)
+    require(len(m.min_size_train) > 0 and all(s > 0 for s in m.min_size_train), "model.min_size_train",
+            "a non-empty list of positive sizes", m.min_size_train)
+    require(m.max_size_train >= max(m.min_size_train), "model.max_size_train",
+            f">= the largest model.min_size_train ({max(m.min_size_train)})", m.max_size_train)
+    require(m.min_size_test > 0, "model.min_size_test", "a positive size", m.min_size_test)
+    require(m.max_size_test >= m.min_size_test, "model.max_size_test", f">= model.min_size_test ({m.min_size_test})", m.max_size_test)
+    require(0 <= m.score_thresh < 1, "model.score_thresh", "a value in [0, 1)", m.score_thresh)
+    require(0 < m.nms_thresh <= 1, "model.nms_thresh", "a value in (0, 1]", m.nms_thresh)
+    require(m.detections_per_img >= 1, "model.detections_per_img", "at least 1", m.detections_per_img)
+    require(m.topk_candidates >= 1, "model.topk_candidates", "at least 1", m.topk_candidates)
+
+    require(0 <= p.augment.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", p.augment.hflip_prob)
+
+    require(p.loader.num_workers >= 0, "loader.num_workers", "an integer >= 0", p.loader.num_workers)
+    require(p.loader.size_divisibility >= 1, "loader.size_divisibility", "an integer >= 1", p.loader.size_divisibility)
+
+    t = p.train
+    require(t.nproc >= 1, "train.nproc", "at least 1 process", t.nproc)
+    require(t.max_iter >= 1, "train.max_iter", "at least 1 iteration", t.max_iter)
+    require(t.base_lr > 0, "train.base_lr", "a learning rate > 0", t.base_lr)
+    require(0 <= t.momentum < 1, "train.momentum", "a value in [0, 1)", t.momentum)
+    require(t.weight_decay >= 0, "train.weight_decay", "a value >= 0", t.weight_decay)
+    require(t.norm_weight_decay >= 0, "train.norm_weight_decay", "a value >= 0", t.norm_weight_decay)
+    require(list(t.steps) == sorted(set(t.steps)) and all(0 < s < t.max_iter for s in t.steps), "train.steps",
+            f"strictly increasing iterations between 0 and train.max_iter ({t.max_iter})", t.steps)
+    require(0 < t.gamma <= 1, "train.gamma", "a factor in (0, 1]", t.gamma)
+    require(0 <= t.warmup_iters < t.max_iter, "train.warmup_iters", f"a value in [0, train.max_iter ({t.max_iter}))", t.warmup_iters)
+    require(0 < t.warmup_factor <= 1, "train.warmup_factor", "a factor in (0, 1]", t.warmup_factor)
+    require(t.clip_grad_norm >= 0, "train.clip_grad_norm", "a value >= 0 (0 turns clipping off)", t.clip_grad_norm)
+    require(t.log_period >= 1, "train.log_period", "at least 1 iteration", t.log_period)
+    require(t.checkpoint_period >= 1, "train.checkpoint_period", "at least 1 iteration", t.checkpoint_period)
+    require(p.evaluate.ims_per_batch >= 1, "evaluate.ims_per_batch", "at least 1 image", p.evaluate.ims_per_batch)
+    require(bool(p.tracking.experiment.strip()), "tracking.experiment", "a non-empty experiment name", p.tracking.experiment)
+
+    for n, what in ((t.nproc, "train.nproc"), (world_size, "running processes")):
+        if n is None:
+            continue
+        for key, batch in (("train.ims_per_batch", t.ims_per_batch), ("evaluate.ims_per_batch", p.evaluate.ims_per_batch)):
+            if batch < n or batch % n:
+                raise ConfigError(
+                    f"{source}: {key}: expected a multiple of the number of processes "
+                    f"({what} = {n}), got {batch}"
+                )

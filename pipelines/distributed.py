@@ -1,0 +1,107 @@
+"""Distributed helpers. Each falls back to world size 1 / rank 0 when no process group is running.
+
+Which process receives a result is stated in each docstring.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def is_main_process() -> bool:
+    return get_rank() == 0
+
+
+def init_from_env(timeout_s: float = 1800) -> torch.device:
+    """Join the process group that ``torchrun`` describes in the environment, if any.
+
+    NCCL with one GPU per local rank when CUDA is available, gloo on CPU. Without ``WORLD_SIZE`` > 1
+    (plain ``python -m ...``) nothing is initialised. On CPU the node's cores are split evenly
+    between its processes. Returns the device this process should use.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        # Share the cores between the processes of this node instead of oversubscribing them.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world))
+    if world_size > 1 and not is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return device
+
+
+def shutdown() -> None:
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+def synchronize() -> None:
+    """Barrier across all processes (no-op in a single process)."""
+    if get_world_size() > 1:
+        dist.barrier()
+
+
+def reduce_loss_dict(loss_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Average scalar losses across processes, for logging; the result is valid on rank 0 only.
+
+    As in the seed's ``reduce_loss_dict``: keys sorted, values stacked, ``dist.reduce`` to rank 0,
+    divided by the world size on rank 0. Other ranks get a tensor whose content is undefined.
+    """
+    world_size = get_world_size()
+    if world_size < 2:
+        return {k: v.detach() for k, v in loss_dict.items()}
+    with torch.no_grad():
+        names = sorted(loss_dict)
+        stacked = torch.stack([loss_dict[k].detach().float() for k in names], dim=0)
+        dist.reduce(stacked, dst=0)
+        if dist.get_rank() == 0:
+            stacked /= world_size
+    return dict(zip(names, stacked))
+
+
+def gather_objects(obj) -> list | None:
+    """Collect one picklable object from every process: the list on rank 0, ``None`` elsewhere."""
+    if get_world_size() < 2:
+        return [obj]
+    out = [None] * get_world_size() if get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def broadcast_object(obj):
+    """Rank 0's ``obj`` on every process."""
+    if get_world_size() < 2:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_reduce_max(value: float) -> float:
+    """The maximum of ``value`` over processes, on every process."""
+    if get_world_size() < 2:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())

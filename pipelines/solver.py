@@ -1,0 +1,49 @@
+"""Optimizer and iteration-based learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def build_optimizer(model: nn.Module, *, name: str, base_lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,
+                    norm_weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """SGD with momentum or AdamW; normalisation weights and all biases get ``norm_weight_decay``."""
+    decay, no_decay = [], []
+    for module in model.modules():
+        is_norm = isinstance(module, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm))
+        for param_name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad:
+                continue
+            (no_decay if is_norm or param_name == "bias" else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": norm_weight_decay},
+    ]
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=base_lr, momentum=momentum)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=base_lr)
+    raise ValueError(f"unknown optimizer {name!r}; expected sgd or adamw")
+
+
+def lr_factor(iteration: int, *, schedule: str, max_iter: int, steps: list[int], gamma: float, warmup_iters: int,
+              warmup_factor: float) -> float:
+    """Learning-rate multiplier at ``iteration``: linear warm-up, then multi-step or cosine decay."""
+    if schedule == "multistep":
+        factor = gamma ** sum(iteration >= s for s in steps)
+    elif schedule == "cosine":
+        factor = 0.5 * (1 + math.cos(math.pi * min(iteration, max_iter) / max_iter))
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}; expected multistep or cosine")
+    if iteration < warmup_iters:
+        alpha = iteration / warmup_iters
+        factor *= warmup_factor * (1 - alpha) + alpha
+    return factor
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, **schedule) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` stepped once per iteration; ``schedule`` are :func:`lr_factor`'s keywords."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: lr_factor(it, **schedule))

@@ -1,0 +1,94 @@
+"""Per-sample transforms on ``(image, target)`` pairs, before normalisation.
+
+``image`` is a ``uint8`` tensor ``[3, H, W]``; ``target`` holds ``boxes`` (float32 ``[K, 4]`` xyxy
+pixels) and ``labels`` (int64 ``[K]``). Every random choice comes from the ``rng`` argument, a
+``numpy.random.Generator`` seeded per sample by the dataset, so results do not depend on which
+worker process draws them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
+
+Target = dict[str, torch.Tensor]
+
+
+def resized_size(height: int, width: int, min_size: int, max_size: int) -> tuple[int, int]:
+    """Size after scaling the shorter side to ``min_size`` unless the longer would exceed ``max_size``."""
+    short, long = min(height, width), max(height, width)
+    scale = min(min_size / short, max_size / long)
+    return max(1, round(height * scale)), max(1, round(width * scale))
+
+
+class Compose:
+    def __init__(self, transforms: Sequence):
+        self.transforms = list(transforms)
+
+    def __call__(self, image: torch.Tensor, target: Target, rng: np.random.Generator) -> tuple[torch.Tensor, Target]:
+        for t in self.transforms:
+            image, target = t(image, target, rng)
+        return image, target
+
+    def __repr__(self) -> str:
+        return f"Compose({', '.join(map(repr, self.transforms))})"
+
+
+class ResizeShorterSide:
+    """Resize so that the shorter side is one of ``min_sizes`` (drawn per image), capped by ``max_size``."""
+
+    def __init__(self, min_sizes: Sequence[int], max_size: int):
+        self.min_sizes = list(min_sizes)
+        self.max_size = max_size
+
+    def __call__(self, image, target, rng):
+        min_size = self.min_sizes[int(rng.integers(len(self.min_sizes)))] if len(self.min_sizes) > 1 else self.min_sizes[0]
+        height, width = image.shape[-2:]
+        size = list(resized_size(height, width, min_size, self.max_size))
+        if size == [height, width]:
+            return image, target
+        image = F.resize(image, size, antialias=True)
+        boxes = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=(height, width))
+        target = {**target, "boxes": F.resize(boxes, size).as_subclass(torch.Tensor)}
+        return image, target
+
+    def __repr__(self) -> str:
+        return f"ResizeShorterSide(min_sizes={self.min_sizes}, max_size={self.max_size})"
+
+
+class RandomHorizontalFlip:
+    def __init__(self, prob: float = 0.5):
+        self.prob = prob
+
+    def __call__(self, image, target, rng):
+        if self.prob <= 0 or rng.random() >= self.prob:
+            return image, target
+        height, width = image.shape[-2:]
+        boxes = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=(height, width))
+        target = {**target, "boxes": F.horizontal_flip(boxes).as_subclass(torch.Tensor)}
+        return F.horizontal_flip(image), target
+
+    def __repr__(self) -> str:
+        return f"RandomHorizontalFlip(prob={self.prob})"
+
+
+AUGMENT_PRESETS = ("none", "flip")
+
+
+def build_transforms(*, train: bool, min_sizes: Sequence[int], max_size: int, augment: str = "none",
+                     hflip_prob: float = 0.5) -> Compose:
+    """The base transforms: resize by the shorter side, then (training only) the augmentation preset.
+
+    Raises:
+        ValueError: for an unknown preset name.
+    """
+    if augment not in AUGMENT_PRESETS:
+        raise ValueError(f"unknown augmentation preset {augment!r}; expected one of {', '.join(AUGMENT_PRESETS)}")
+    transforms = [ResizeShorterSide(min_sizes, max_size)]
+    if train and augment == "flip":
+        transforms.append(RandomHorizontalFlip(hflip_prob))
+    return Compose(transforms)

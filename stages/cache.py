@@ -1,0 +1,45 @@
+"""Stage cache: convert each prepared split into a memory-mappable annotation cache.
+
+Training drops images without a usable box (as the seed does); val keeps every image. A split's
+cache is rebuilt only when its source JSON, its settings or the cache format changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from pipelines import cli
+from pipelines.annotation_cache import build_cache, file_sha256, is_up_to_date
+from pipelines.coco import load_json
+from pipelines.errors import DatasetError
+
+log = logging.getLogger("cache")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prepared", type=Path, required=True, help="output folder of the prepare stage")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the caches, one per split")
+    args = parser.parse_args(argv)
+
+    manifest_path = args.prepared / "dataset.json"
+    try:
+        splits = json.loads(manifest_path.read_text())["splits"]
+    except (OSError, ValueError, KeyError) as err:
+        raise DatasetError(f"{manifest_path}: missing or unreadable ({err}); run the prepare stage") from None
+
+    for split, entry in splits.items():
+        source = args.prepared / entry["annotations"]
+        settings = {"source_sha256": file_sha256(source), "image_root": entry["images"], "drop_empty": split == "train"}
+        if is_up_to_date(args.out / split, **settings):
+            log.info("%s: cache up to date", split)
+            continue
+        meta = build_cache(load_json(source), args.out / split, **settings)
+        log.info("%s: cached %d images, %d boxes", split, meta["num_images"], meta["num_boxes"])
+
+
+if __name__ == "__main__":
+    cli.run(main)

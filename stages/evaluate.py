@@ -1,0 +1,83 @@
+"""Stage evaluate: COCO box metrics of the final model on the val split, added to the MLflow run.
+
+Each process takes a shard of the val images; detections are gathered on rank 0, mapped back to
+JSON category ids and original image coordinates, and scored with pycocotools' ``COCOeval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+
+from pipelines import checkpoint, cli, distributed
+from pipelines.annotation_cache import AnnotationCache
+from pipelines.config import load_params
+from pipelines.dataset import DetectionDataset
+from pipelines.errors import CheckpointError
+from pipelines.evaluation import coco_evaluate, predict
+from pipelines.fileio import write_json
+from pipelines.loader import make_test_loader
+from pipelines.model import build_detector
+from pipelines.tracking import Tracker
+from pipelines.transforms import build_transforms
+
+log = logging.getLogger("evaluate")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--cache", type=Path, required=True, help="annotation cache folder (val split inside)")
+    parser.add_argument("--prepared", type=Path, required=True, help="prepared dataset (val.json is the ground truth)")
+    parser.add_argument("--model", type=Path, required=True, help="model_final.pth of the train stage")
+    parser.add_argument("--run-file", type=Path, required=True, help="run.json of the train stage")
+    parser.add_argument("--metrics", type=Path, required=True, help="COCO metrics (JSON) for dvc metrics")
+    parser.add_argument("--plots", type=Path, required=True, help="precision-recall curve (JSON) for dvc plots")
+    parser.add_argument("--detections", type=Path, required=True, help="detections in COCO results format")
+    args = parser.parse_args(argv)
+
+    device = distributed.init_from_env()
+    rank, world_size = distributed.get_rank(), distributed.get_world_size()
+    p = load_params(args.params, world_size=world_size)
+    m = p.model
+
+    cache = AnnotationCache(args.cache / "val")
+    state = checkpoint.load(args.model)
+    if state.get("categories") != cache.categories:
+        raise CheckpointError(f"{args.model}: trained on other categories than {args.cache / 'val'}")
+    model = build_detector(num_classes=len(cache.categories), **m.detector_kwargs())
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise CheckpointError(f"{args.model}: does not match params.yaml's model section ({str(err).splitlines()[0]})") from None
+    model.to(device)
+
+    transforms = build_transforms(train=False, min_sizes=[m.min_size_test], max_size=m.max_size_test)
+    dataset = DetectionDataset(cache, transforms=transforms, seed=p.seed, skip_crowd=False)
+    loader = make_test_loader(dataset, ims_per_batch=p.evaluate.ims_per_batch, aspect_grouping=p.loader.aspect_grouping,
+                              num_workers=p.loader.num_workers, size_divisibility=p.loader.size_divisibility,
+                              seed=p.seed, rank=rank, world_size=world_size)
+    detections = predict(model, loader, device=device, category_ids=cache.category_ids,
+                         progress=distributed.is_main_process())
+    gathered = distributed.gather_objects(detections)
+    if gathered is not None:
+        detections = [d for part in gathered for d in part]
+        metrics = coco_evaluate(str(args.prepared / "val.json"), detections)
+        log.info("COCO box metrics on %d val images:\n%s", len(cache), metrics.summary)
+        write_json(args.detections, detections, indent=None)
+        write_json(args.metrics, {**metrics.stats, "per_category": metrics.per_category})
+        write_json(args.plots, metrics.pr_curve)
+        tracker = Tracker.resume(json.loads(args.run_file.read_text())["run_id"])
+        tracker.log_metrics({f"eval/{k}": v for k, v in metrics.stats.items()}, step=state.get("iteration", 0))
+        tracker.log_metrics({f"eval/AP_{k}": v for k, v in metrics.per_category.items()}, step=state.get("iteration", 0))
+        for path in (args.metrics, args.plots):
+            tracker.log_artifact(path, "eval")
+        tracker.finish()
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    cli.run(main)

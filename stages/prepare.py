@@ -1,0 +1,61 @@
+"""Stage prepare: generate (synthetic) or import (coco) the dataset, validate it, summarise it.
+
+Writes ``<out>/{train,val}.json`` (validated COCO annotations), ``<out>/dataset.json`` (where each
+split's images are) and, for the synthetic dataset, ``<out>/images/``; plus a summary for
+``dvc metrics``. Nothing is replaced unless every split validates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from pipelines import cli
+from pipelines.coco import validate_coco
+from pipelines.config import SyntheticDataset, load_params
+from pipelines.fileio import atomic_dir, write_json
+from pipelines.synthetic import generate_split
+
+log = logging.getLogger("prepare")
+SPLITS = ("train", "val")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the prepared dataset")
+    parser.add_argument("--metrics", type=Path, required=True, help="dataset summary (JSON)")
+    args = parser.parse_args(argv)
+    dataset = load_params(args.params).dataset
+
+    summary, splits = {}, {}
+    with atomic_dir(args.out) as tmp:
+        for split in SPLITS:
+            if isinstance(dataset, SyntheticDataset):
+                image_dir, final_image_dir = tmp / "images" / split, args.out / "images" / split
+                coco = generate_split(
+                    image_dir, split=split, size=getattr(dataset, f"{split}_size"), seed=dataset.seed,
+                    num_classes=dataset.num_classes, min_side=dataset.min_side, max_side=dataset.max_side,
+                    min_objects=dataset.min_objects, max_objects=dataset.max_objects,
+                )
+                source = tmp / f"{split}.generated.json"
+                write_json(source, coco, indent=None)
+            else:
+                image_dir = final_image_dir = Path(getattr(dataset, f"{split}_images"))
+                source = Path(getattr(dataset, f"{split}_annotations"))
+            log.info("validating %s split: %s (images in %s)", split, source, final_image_dir)
+            cleaned, summary[split] = validate_coco(source, image_dir)
+            if isinstance(dataset, SyntheticDataset):
+                source.unlink()
+            write_json(tmp / f"{split}.json", cleaned, indent=None)
+            splits[split] = {"annotations": f"{split}.json", "images": str(final_image_dir)}
+            log.info("%s: %d images, %d annotations, %d boxes clipped, %d rejected", split,
+                     summary[split]["images"], summary[split]["annotations"], summary[split]["boxes_clipped"],
+                     summary[split]["boxes_rejected_degenerate"] + summary[split]["boxes_rejected_outside"])
+        write_json(tmp / "dataset.json", {"name": dataset.name, "splits": splits})
+    write_json(args.metrics, summary)
+
+
+if __name__ == "__main__":
+    cli.run(main)

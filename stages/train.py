@@ -1,0 +1,86 @@
+"""Stage train: FCOS from scratch with DDP, launched by ``torchrun`` (gloo on CPU, NCCL on GPU).
+
+Writes the final model, periodic checkpoints, a training log for ``dvc plots`` and the MLflow run
+id that the evaluate stage adds its metrics to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from pipelines import checkpoint, cli, distributed
+from pipelines.annotation_cache import AnnotationCache
+from pipelines.config import load_params, to_flat_dict
+from pipelines.dataset import DetectionDataset
+from pipelines.engine import MetricLog, train
+from pipelines.fileio import write_json
+from pipelines.loader import make_train_loader
+from pipelines.model import build_detector
+from pipelines.solver import build_lr_scheduler, build_optimizer
+from pipelines.tracking import Tracker, tracking_uri
+from pipelines.transforms import build_transforms
+
+log = logging.getLogger("train")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--cache", type=Path, required=True, help="annotation cache folder (train split inside)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for model_final.pth, checkpoints/, run.json")
+    parser.add_argument("--train-log", type=Path, required=True, help="training log (CSV) for dvc plots")
+    args = parser.parse_args(argv)
+
+    device = distributed.init_from_env()
+    rank, world_size, main_process = distributed.get_rank(), distributed.get_world_size(), distributed.is_main_process()
+    p = load_params(args.params, world_size=world_size)
+    m, t = p.model, p.train
+    torch.manual_seed(p.seed)
+
+    cache = AnnotationCache(args.cache / "train")
+    transforms = build_transforms(train=True, min_sizes=m.min_size_train, max_size=m.max_size_train,
+                                  augment=p.augment.name, hflip_prob=p.augment.hflip_prob)
+    dataset = DetectionDataset(cache, transforms=transforms, seed=p.seed)
+    loader = make_train_loader(dataset, ims_per_batch=t.ims_per_batch, max_iter=t.max_iter,
+                               aspect_grouping=p.loader.aspect_grouping, num_workers=p.loader.num_workers,
+                               size_divisibility=p.loader.size_divisibility, seed=p.seed, rank=rank,
+                               world_size=world_size, pin_memory=device.type == "cuda")
+    model = build_detector(num_classes=len(cache.categories), **m.detector_kwargs()).to(device)
+    optimizer = build_optimizer(model, name=t.optimizer, base_lr=t.base_lr, momentum=t.momentum,
+                                weight_decay=t.weight_decay, norm_weight_decay=t.norm_weight_decay)
+    scheduler = build_lr_scheduler(optimizer, schedule=t.lr_schedule, max_iter=t.max_iter, steps=list(t.steps),
+                                   gamma=t.gamma, warmup_iters=t.warmup_iters, warmup_factor=t.warmup_factor)
+    if world_size > 1:
+        model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    log.info("%d images, %d classes, %.1fM parameters, %d processes on %s, batch %d",
+             len(dataset), len(cache.categories), sum(x.numel() for x in model.parameters()) / 1e6,
+             world_size, device.type, t.ims_per_batch)
+
+    tracker = Tracker.start(experiment=p.tracking.experiment, params=to_flat_dict(p), main_process=main_process)
+    tracker.log_artifact(args.params)
+    try:
+        train(model, loader, optimizer, scheduler, device=device, max_iter=t.max_iter, ims_per_batch=t.ims_per_batch,
+              log_period=t.log_period, checkpoint_period=t.checkpoint_period, checkpoint_dir=args.out / "checkpoints",
+              clip_grad_norm=t.clip_grad_norm, tracker=tracker, metric_log=MetricLog(args.train_log))
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    if main_process:
+        final = args.out / "model_final.pth"
+        checkpoint.save(final, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
+                        iteration=t.max_iter)
+        tracker.log_artifact(final, "model")
+        tracker.log_artifact(args.train_log)
+        write_json(args.out / "run.json", {"run_id": tracker.run_id, "tracking_uri": tracking_uri(),
+                                           "experiment": p.tracking.experiment})
+        tracker.finish()
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    cli.run(main)
