@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny synthetic datasets made by the code, and the shared real data when present."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("SHARED_DATA", REPO.parent / "shared" / "data"))
+COCO_REAL = SHARED_DATA / "coco-real-33"
+KNOWN_ANSWER = SHARED_DATA / "cocoeval-known-answer"
+
+
+def require(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"shared data not found at {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def coco_real() -> tuple[Path, Path]:
+    """``(annotations, image folder)`` of the 33 real COCO images."""
+    root = require(COCO_REAL)
+    return root / "annotations" / "instances.json", root / "images"
+
+
+@pytest.fixture(scope="session")
+def known_answer() -> Path:
+    return require(KNOWN_ANSWER)
+
+
+@pytest.fixture(scope="session")
+def tiny_synthetic(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """A 12-image synthetic split: ``(annotations path, image folder, coco dict)``."""
+    from pipelines.synthetic import generate_split
+
+    root = tmp_path_factory.mktemp("synthetic")
+    coco = generate_split(root / "images", split="train", size=12, seed=3, num_classes=5, min_side=256,
+                          max_side=416, min_objects=2, max_objects=8)
+    path = root / "train.json"
+    path.write_text(json.dumps(coco))
+    return path, root / "images", coco
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tiny_synthetic, tmp_path_factory):
+    """An :class:`AnnotationCache` of the tiny synthetic split (training: empty images dropped)."""
+    from pipelines.annotation_cache import AnnotationCache, build_cache, file_sha256
+
+    path, images, coco = tiny_synthetic
+    out = tmp_path_factory.mktemp("cache") / "train"
+    build_cache(coco, out, image_root=str(images), source_sha256=file_sha256(path), drop_empty=True)
+    return AnnotationCache(out)

@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from pipelines.dataset import DetectionDataset
+from pipelines.errors import ConfigError
+from pipelines.loader import make_test_loader, make_train_loader, per_process_batch
+from pipelines.transforms import build_transforms
+
+
+@pytest.fixture
+def train_set(tiny_cache):
+    transforms = build_transforms(train=True, min_sizes=[160, 192], max_size=256, augment="flip", hflip_prob=0.5)
+    return DetectionDataset(tiny_cache, transforms=transforms, seed=11)
+
+
+def _collect(loader):
+    return [(b.images.clone(), [t["boxes"].clone() for t in b.targets], b.indices) for b in loader]
+
+
+def test_train_loader_yields_exactly_max_iter_padded_batches(train_set):
+    batches = list(make_train_loader(train_set, ims_per_batch=4, max_iter=7, world_size=2, rank=1, seed=0,
+                                     size_divisibility=32))
+    assert len(batches) == 7
+    for batch in batches:
+        assert batch.images.shape[0] <= 2
+        assert batch.images.shape[-1] % 32 == 0 and batch.images.shape[-2] % 32 == 0
+        groups = {int(train_set.aspect_groups[i]) for i in batch.indices}
+        assert len(groups) == 1
+        for target, (h, w) in zip(batch.targets, batch.image_sizes):
+            boxes = target["boxes"]
+            assert len(boxes) == len(target["labels"]) > 0
+            assert (boxes[:, 2:] > boxes[:, :2]).all()
+            assert (boxes[:, 2] <= w + 1e-3).all() and (boxes[:, 3] <= h + 1e-3).all()
+
+
+def test_samples_do_not_depend_on_the_number_of_workers(train_set):
+    kwargs = dict(ims_per_batch=2, max_iter=5, seed=0)
+    in_process = _collect(make_train_loader(train_set, num_workers=0, **kwargs))
+    two_workers = _collect(make_train_loader(train_set, num_workers=2, **kwargs))
+    assert len(in_process) == len(two_workers) == 5
+    for (ia, ba, xa), (ib, bb, xb) in zip(in_process, two_workers):
+        assert xa == xb and torch.equal(ia, ib)
+        assert all(torch.equal(p, q) for p, q in zip(ba, bb))
+
+
+def test_resumed_loader_continues_with_identical_samples(train_set):
+    full = _collect(make_train_loader(train_set, ims_per_batch=2, max_iter=8, seed=0))
+    resumed = _collect(make_train_loader(train_set, ims_per_batch=2, max_iter=8, start_iter=5, seed=0))
+    assert len(resumed) == 3
+    for (ia, ba, xa), (ib, bb, xb) in zip(full[5:], resumed):
+        assert xa == xb and torch.equal(ia, ib)
+
+
+def test_test_loader_covers_every_image_once_across_ranks(tiny_cache):
+    dataset = DetectionDataset(tiny_cache, transforms=build_transforms(train=False, min_sizes=[160], max_size=256),
+                               skip_crowd=False)
+    seen = []
+    for rank in range(2):
+        for batch in make_test_loader(dataset, ims_per_batch=4, world_size=2, rank=rank):
+            assert len(batch.indices) <= 2
+            seen += batch.indices
+    assert sorted(seen) == list(range(len(dataset)))
+
+
+def test_batch_must_split_evenly():
+    assert per_process_batch(8, 2) == 4
+    with pytest.raises(ConfigError, match="7 images per batch cannot be split evenly across 2 processes"):
+        per_process_batch(7, 2, "train.ims_per_batch")

@@ -1,0 +1,124 @@
+"""End to end: ``dvc repro`` of all four stages on a tiny configuration in a copy of the repository."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+TINY = [
+    "dataset.train_size=16", "dataset.val_size=6", "dataset.min_side=128", "dataset.max_side=192",
+    "model.min_size_train=[128]", "model.max_size_train=192", "model.min_size_test=128", "model.max_size_test=192",
+    "train.max_iter=4", "train.ims_per_batch=4", "train.log_period=1", "train.checkpoint_period=2",
+    "train.warmup_iters=1", "evaluate.ims_per_batch=2", "loader.num_workers=0",
+]
+
+
+def _copy_repo(dest: Path) -> None:
+    """The files git would commit (tracked and untracked, not ignored), in a fresh git repository."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        source = REPO / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    for stale in ("dvc.lock", "metrics"):
+        path = dest / stale
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
+        subprocess.run(cmd, cwd=dest, env=env, check=True)
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def _repro(repo: Path) -> set[str]:
+    """Run ``dvc repro``; return the stages that ran."""
+    done = subprocess.run(["dvc", "repro"], cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return set(re.findall(r"Running stage '(\w+)'", done.stdout))
+
+
+def _set_param(repo: Path, section: str, key: str, value) -> None:
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params[section][key] = value
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("pipeline")
+    _copy_repo(repo)
+    composed = subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY], cwd=repo, env=_env(),
+                              capture_output=True, text=True)
+    assert composed.returncode == 0, composed.stderr
+    return repo
+
+
+def _runs(repo: Path):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("detection")
+    return client, client.search_runs([experiment.experiment_id]) if experiment else []
+
+
+def test_repro_runs_four_stages_and_records_one_mlflow_run(repo):
+    assert _repro(repo) == {"prepare", "cache", "train", "evaluate"}
+
+    metrics = yaml.safe_load((repo / "metrics" / "eval.json").read_text())
+    for key in ("AP", "AP50", "AP75", "APs", "APm", "APl"):
+        assert 0.0 <= metrics[key] <= 1.0
+    assert set(metrics["per_category"]) <= {"circle", "rectangle", "triangle", "star", "cross"}
+    assert (repo / "metrics" / "pr_curve.json").is_file()
+    log = (repo / "metrics" / "train_log.csv").read_text().splitlines()
+    assert log[0].startswith("iteration,loss,") and len(log) == 5
+
+    shown = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=repo, env=_env(), capture_output=True,
+                           text=True, check=True).stdout
+    assert '"AP"' in shown and '"APl"' in shown
+
+    client, runs = _runs(repo)
+    assert len(runs) == 1  # one run per pipeline run, not one per process
+    run = runs[0]
+    assert run.data.params["train.base_lr"] == str(yaml.safe_load((repo / "params.yaml").read_text())["train"]["base_lr"])
+    assert run.data.params["dataset.name"] == "synthetic"
+    assert "mlflow.source.git.commit" in run.data.tags
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]
+    assert {"train/lr", "train/classification", "eval/AP", "eval/APs", "eval/APm", "eval/APl"} <= set(run.data.metrics)
+    assert run.data.metrics["eval/AP"] == pytest.approx(metrics["AP"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"model", "checkpoints", "eval", "params.yaml"} <= artifacts
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "model")] == ["model/model_final.pth"]
+    assert run.info.status == "FINISHED"
+
+
+def test_second_repro_does_nothing(repo):
+    assert _repro(repo) == set()
+    assert len(_runs(repo)[1]) == 1
+
+
+def test_learning_rate_change_reruns_train_and_evaluate_only(repo):
+    _set_param(repo, "train", "base_lr", 0.0005)
+    assert _repro(repo) == {"train", "evaluate"}
+    assert len(_runs(repo)[1]) == 2
+
+
+def test_dataset_seed_change_reruns_everything(repo):
+    _set_param(repo, "dataset", "seed", 1)
+    assert _repro(repo) == {"prepare", "cache", "train", "evaluate"}

@@ -1,0 +1,99 @@
+"""Stages as a user runs them: clean one-line errors, nothing damaged, caches rebuilt when broken."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from pipelines.annotation_cache import AnnotationCache
+
+from .conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def base_params() -> dict:
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def _write_params(path, params) -> str:
+    path.write_text(yaml.safe_dump(params))
+    return str(path)
+
+
+def _run(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "PIPELINES_DEBUG"}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _coco_params(base, tmp_path, annotations, images) -> dict:
+    params = copy.deepcopy(base)
+    params["dataset"] = {"name": "coco", "source": str(tmp_path), "train_images": str(images),
+                         "train_annotations": str(annotations), "val_images": str(images),
+                         "val_annotations": str(annotations)}
+    return params
+
+
+def test_prepare_imports_coco_and_reports_broken_input_in_one_line(base_params, coco_real, tmp_path):
+    annotations, images = coco_real
+    params = _write_params(tmp_path / "params.yaml", _coco_params(base_params, tmp_path, annotations, images))
+    out, metrics = tmp_path / "prepared", tmp_path / "dataset.json"
+    done = _run("stages.prepare", "--params", params, "--out", str(out), "--metrics", str(metrics), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(metrics.read_text())
+    assert summary["train"]["images"] == 33 and summary["val"]["crowd"] >= 1
+    manifest = json.loads((out / "dataset.json").read_text())
+    assert manifest["splits"]["val"]["images"] == str(images)
+    before = sorted(p.name for p in out.iterdir())
+
+    broken = json.loads(annotations.read_text())
+    broken["annotations"][5]["image_id"] = 123456789
+    bad_json = tmp_path / "broken.json"
+    bad_json.write_text(json.dumps(broken))
+    params = _write_params(tmp_path / "params.yaml", _coco_params(base_params, tmp_path, bad_json, images))
+    failed = _run("stages.prepare", "--params", params, "--out", str(out), "--metrics", str(metrics), cwd=tmp_path)
+    assert failed.returncode == 2
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in failed.stderr
+    assert "broken.json" in errors[0] and f"annotation id {broken['annotations'][5]['id']}" in errors[0]
+    assert "missing image id 123456789" in errors[0]
+    assert sorted(p.name for p in out.iterdir()) == before  # the earlier output is intact
+    assert json.loads(metrics.read_text()) == summary
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".prepared")]  # no half-written folder
+
+
+def test_bad_params_stop_the_train_stage_in_one_line(base_params, tmp_path):
+    params = copy.deepcopy(base_params)
+    params["train"]["base_lr"] = -1.0
+    path = _write_params(tmp_path / "params.yaml", params)
+    done = _run("stages.train", "--params", path, "--cache", "x", "--out", "y", "--train-log", "z", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {path}: train.base_lr: expected a learning rate > 0, got -1.0"
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_cache_stage_rebuilds_a_corrupt_cache(base_params, tmp_path):
+    params = copy.deepcopy(base_params)
+    params["dataset"].update(train_size=6, val_size=3)
+    path = _write_params(tmp_path / "params.yaml", params)
+    prepared, cache = tmp_path / "prepared", tmp_path / "cache"
+    assert _run("stages.prepare", "--params", path, "--out", "prepared", "--metrics", "m.json", cwd=tmp_path).returncode == 0
+    first = _run("stages.cache", "--prepared", str(prepared), "--out", str(cache), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert len(AnnotationCache(cache / "val")) == 3
+
+    again = _run("stages.cache", "--prepared", str(prepared), "--out", str(cache), cwd=tmp_path)
+    assert again.stderr.count("cache up to date") == 2
+
+    data = (cache / "train" / "boxes.npy").read_bytes()
+    (cache / "train" / "boxes.npy").write_bytes(data[:100])
+    rebuilt = _run("stages.cache", "--prepared", str(prepared), "--out", str(cache), cwd=tmp_path)
+    assert rebuilt.returncode == 0
+    assert "train: cached" in rebuilt.stderr and "val: cache up to date" in rebuilt.stderr
+    assert len(AnnotationCache(cache / "train")) >= 1
