@@ -45,7 +45,7 @@ def predict(model: torch.nn.Module, loader, *, device: torch.device, category_id
 class CocoMetrics:
     """Summary statistics, per-category AP and a precision-recall curve."""
 
-    stats: dict[str, float]
+    stats: dict[str, float | None]
     per_category: dict[str, float] = field(default_factory=dict)
     pr_curve: list[dict[str, float]] = field(default_factory=list)
     summary: str = ""
@@ -68,7 +68,8 @@ def coco_evaluate(gt: COCO | str, detections: list[dict]) -> CocoMetrics:
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
-    stats = {name: float(value) for name, value in zip(STAT_NAMES, evaluator.stats)}
+    # COCOeval reports -1 where a figure has no ground truth (e.g. no large objects): None here.
+    stats = {name: float(value) if value >= 0 else None for name, value in zip(STAT_NAMES, evaluator.stats)}
 
     # precision: [iou thresholds, recall thresholds, categories, area ranges, max dets]; area "all", 100 dets
     precision = evaluator.eval["precision"][:, :, :, 0, -1]

@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         write_json(args.metrics, {**metrics.stats, "per_category": metrics.per_category})
         write_json(args.plots, metrics.pr_curve)
         tracker = Tracker.resume(json.loads(args.run_file.read_text())["run_id"])
-        tracker.log_metrics({f"eval/{k}": v for k, v in metrics.stats.items()}, step=state.get("iteration", 0))
+        tracker.log_metrics({f"eval/{k}": v for k, v in metrics.stats.items() if v is not None},
+                            step=state.get("iteration", 0))
         tracker.log_metrics({f"eval/AP_{k}": v for k, v in metrics.per_category.items()}, step=state.get("iteration", 0))
         for path in (args.metrics, args.plots):
             tracker.log_artifact(path, "eval")
