@@ -8,6 +8,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_image
 
 from .annotation_cache import AnnotationCache
+from .transforms import SampleContext
 
 
 class DetectionDataset(Dataset):
@@ -50,8 +51,9 @@ class DetectionDataset(Dataset):
         index, iteration = key if isinstance(key, tuple) else (key, 0)
         image, target = self.load(index)
         orig_size = torch.tensor(image.shape[-2:])
-        rng = np.random.default_rng((self.seed, iteration, index))
-        image, target = self.transforms(image, target, rng)
+        ctx = SampleContext(rng=np.random.default_rng((self.seed, iteration, index)), iteration=iteration,
+                            fetch=self.load, num_samples=len(self))
+        image, target = self.transforms(image, target, ctx)
         boxes = target["boxes"]
         valid = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
         target = {

@@ -1,14 +1,16 @@
 """Per-sample transforms on ``(image, target)`` pairs, before normalisation.
 
-``image`` is a ``uint8`` tensor ``[3, H, W]``; ``target`` holds ``boxes`` (float32 ``[K, 4]`` xyxy
-pixels) and ``labels`` (int64 ``[K]``). Every random choice comes from the ``rng`` argument, a
-``numpy.random.Generator`` seeded per sample by the dataset, so results do not depend on which
-worker process draws them.
+A transform is a callable ``(image, target, ctx) -> (image, target)``. ``image`` is a ``uint8``
+tensor ``[3, H, W]``; ``target`` holds ``boxes`` (float32 ``[K, 4]`` xyxy pixels) and ``labels``
+(int64 ``[K]``). Every random choice comes from ``ctx.rng``, a ``numpy.random.Generator`` seeded per
+sample by the dataset from ``(seed, iteration, index)``, so results do not depend on which worker
+process or rank draws them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,6 +18,24 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
 Target = dict[str, torch.Tensor]
+
+
+@dataclass
+class SampleContext:
+    """What a transform may know about its sample besides the pixels and boxes.
+
+    Attributes:
+        rng: the sample's random generator.
+        iteration: the global training iteration the sample is drawn for (0 outside training).
+        fetch: loads another sample of the same split by index, as stored (no transform), for
+            augmentations that mix images; ``None`` when unavailable.
+        num_samples: how many indices ``fetch`` accepts.
+    """
+
+    rng: np.random.Generator
+    iteration: int = 0
+    fetch: Callable[[int], tuple[torch.Tensor, Target]] | None = None
+    num_samples: int = 0
 
 
 def resized_size(height: int, width: int, min_size: int, max_size: int) -> tuple[int, int]:
@@ -29,9 +49,9 @@ class Compose:
     def __init__(self, transforms: Sequence):
         self.transforms = list(transforms)
 
-    def __call__(self, image: torch.Tensor, target: Target, rng: np.random.Generator) -> tuple[torch.Tensor, Target]:
+    def __call__(self, image: torch.Tensor, target: Target, ctx: SampleContext) -> tuple[torch.Tensor, Target]:
         for t in self.transforms:
-            image, target = t(image, target, rng)
+            image, target = t(image, target, ctx)
         return image, target
 
     def __repr__(self) -> str:
@@ -45,8 +65,8 @@ class ResizeShorterSide:
         self.min_sizes = list(min_sizes)
         self.max_size = max_size
 
-    def __call__(self, image, target, rng):
-        min_size = self.min_sizes[int(rng.integers(len(self.min_sizes)))] if len(self.min_sizes) > 1 else self.min_sizes[0]
+    def __call__(self, image, target, ctx):
+        min_size = self.min_sizes[int(ctx.rng.integers(len(self.min_sizes)))] if len(self.min_sizes) > 1 else self.min_sizes[0]
         height, width = image.shape[-2:]
         size = list(resized_size(height, width, min_size, self.max_size))
         if size == [height, width]:
@@ -64,8 +84,8 @@ class RandomHorizontalFlip:
     def __init__(self, prob: float = 0.5):
         self.prob = prob
 
-    def __call__(self, image, target, rng):
-        if self.prob <= 0 or rng.random() >= self.prob:
+    def __call__(self, image, target, ctx):
+        if self.prob <= 0 or ctx.rng.random() >= self.prob:
             return image, target
         height, width = image.shape[-2:]
         boxes = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=(height, width))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.transforms import RandomHorizontalFlip, ResizeShorterSide, build_transforms, resized_size
+from pipelines.transforms import RandomHorizontalFlip, ResizeShorterSide, SampleContext, build_transforms, resized_size
 
 
 def _sample(height=300, width=400):
@@ -19,7 +19,7 @@ def test_resized_size_scales_the_shorter_side_and_caps_the_longer():
 
 def test_resize_scales_boxes_with_the_image():
     image, target = _sample()
-    out, t = ResizeShorterSide([600], 1000)(image, target, np.random.default_rng(0))
+    out, t = ResizeShorterSide([600], 1000)(image, target, SampleContext(np.random.default_rng(0)))
     assert out.shape == (3, 600, 800) and out.dtype == torch.uint8
     torch.testing.assert_close(t["boxes"], torch.tensor([[20.0, 40.0, 220.0, 440.0]]))
     assert torch.equal(t["labels"], target["labels"])
@@ -27,16 +27,16 @@ def test_resize_scales_boxes_with_the_image():
 
 def test_resize_draws_one_of_several_sizes_from_the_rng():
     image, target = _sample()
-    sizes = {ResizeShorterSide([200, 300], 1000)(image, target, np.random.default_rng(s))[0].shape[1] for s in range(20)}
+    sizes = {ResizeShorterSide([200, 300], 1000)(image, target, SampleContext(np.random.default_rng(s)))[0].shape[1] for s in range(20)}
     assert sizes == {200, 300}
 
 
 def test_flip_mirrors_pixels_and_boxes():
     image, target = _sample()
-    flipped, t = RandomHorizontalFlip(1.0)(image, target, np.random.default_rng(0))
+    flipped, t = RandomHorizontalFlip(1.0)(image, target, SampleContext(np.random.default_rng(0)))
     assert torch.equal(flipped, image.flip(-1))
     torch.testing.assert_close(t["boxes"], torch.tensor([[290.0, 20.0, 390.0, 220.0]]))
-    same, t0 = RandomHorizontalFlip(0.0)(image, target, np.random.default_rng(0))
+    same, t0 = RandomHorizontalFlip(0.0)(image, target, SampleContext(np.random.default_rng(0)))
     assert same is image and t0 is target
 
 
