@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import (
@@ -82,8 +82,23 @@ class Model:
 
 @dataclass
 class Augment:
-    name: str = MISSING  # none | flip
+    name: str = MISSING  # none | flip | sa_autoaug
     hflip_prob: float = MISSING
+    # Scale-aware AutoAugment (required by name=sa_autoaug, unused otherwise)
+    policy: Optional[list[int]] = None  # the flat gene list, 4 + 6 * n_subpolicies + 6 integers 0..9
+    n_subpolicies: Optional[int] = None
+    scale_splits: Optional[list[int]] = None  # box areas (pixels, resized image) between small/medium/large
+    box_prob: Optional[float] = None
+    filler_cache_mb: Optional[float] = None  # zoom_out filler images kept per loader process
+
+    def build_autoaug(self, *, max_iter: int):
+        """The Scale-aware AutoAugment transform of this preset, or ``None`` (the one config edge)."""
+        if self.name != "sa_autoaug":
+            return None
+        from .autoaug import ScaleAwareAutoAugment, decode_policy
+
+        return ScaleAwareAutoAugment(decode_policy(self.policy, self.n_subpolicies), scale_splits=self.scale_splits,
+                                     box_prob=self.box_prob, max_iter=max_iter, filler_cache_mb=self.filler_cache_mb)
 
 
 @dataclass
@@ -116,6 +131,10 @@ class Train:
 @dataclass
 class Evaluate:
     ims_per_batch: int = MISSING
+    tta: bool = MISSING  # test-time augmentation: extra scales and horizontal flip, merged by class-wise NMS
+    tta_scales: list[int] = MISSING  # shorter sides of the extra scales
+    tta_max_size: int = MISSING
+    tta_flip: bool = MISSING  # also flip each scale
 
 
 @dataclass
@@ -139,7 +158,7 @@ CHOICES = {
     "model.backbone": ("resnet18", "resnet34", "resnet50", "resnet101"),
     "model.norm": ("batchnorm", "groupnorm", "frozen_batchnorm"),
     "model.precision": ("bf16", "fp32"),
-    "augment.name": ("none", "flip"),
+    "augment.name": ("none", "flip", "sa_autoaug"),
     "train.optimizer": ("sgd", "adamw"),
     "train.lr_schedule": ("multistep", "cosine"),
 }
@@ -262,7 +281,20 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
     require(m.detections_per_img >= 1, "model.detections_per_img", "at least 1", m.detections_per_img)
     require(m.topk_candidates >= 1, "model.topk_candidates", "at least 1", m.topk_candidates)
 
-    require(0 <= p.augment.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", p.augment.hflip_prob)
+    a = p.augment
+    require(0 <= a.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", a.hflip_prob)
+    if a.name == "sa_autoaug":
+        for key in ("policy", "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb"):
+            if getattr(a, key) is None:
+                raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name=sa_autoaug)")
+        require(a.n_subpolicies >= 1, "augment.n_subpolicies", "at least 1", a.n_subpolicies)
+        require(len(a.scale_splits) == 3 and list(a.scale_splits) == sorted(set(a.scale_splits)) and a.scale_splits[0] > 0,
+                "augment.scale_splits", "three increasing positive areas", a.scale_splits)
+        require(0 <= a.box_prob <= 1, "augment.box_prob", "a probability in [0, 1]", a.box_prob)
+        require(a.filler_cache_mb >= 0, "augment.filler_cache_mb", "a size in MB >= 0", a.filler_cache_mb)
+        from .autoaug import decode_policy
+
+        decode_policy(a.policy, a.n_subpolicies)  # gene errors name their position
 
     require(p.loader.num_workers >= 0, "loader.num_workers", "an integer >= 0", p.loader.num_workers)
     require(p.loader.size_divisibility >= 1, "loader.size_divisibility", "an integer >= 1", p.loader.size_divisibility)
@@ -282,7 +314,11 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
     require(t.clip_grad_norm >= 0, "train.clip_grad_norm", "a value >= 0 (0 turns clipping off)", t.clip_grad_norm)
     require(t.log_period >= 1, "train.log_period", "at least 1 iteration", t.log_period)
     require(t.checkpoint_period >= 1, "train.checkpoint_period", "at least 1 iteration", t.checkpoint_period)
-    require(p.evaluate.ims_per_batch >= 1, "evaluate.ims_per_batch", "at least 1 image", p.evaluate.ims_per_batch)
+    e = p.evaluate
+    require(e.ims_per_batch >= 1, "evaluate.ims_per_batch", "at least 1 image", e.ims_per_batch)
+    require(all(s > 0 for s in e.tta_scales), "evaluate.tta_scales", "positive sizes", e.tta_scales)
+    require(e.tta_max_size >= max(e.tta_scales, default=0), "evaluate.tta_max_size",
+            f">= the largest evaluate.tta_scales ({max(e.tta_scales, default=0)})", e.tta_max_size)
     require(bool(p.tracking.experiment.strip()), "tracking.experiment", "a non-empty experiment name", p.tracking.experiment)
 
     for n, what in ((t.nproc, "train.nproc"), (world_size, "running processes")):

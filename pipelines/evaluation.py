@@ -11,16 +11,78 @@ import numpy as np
 import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
+from torchvision.ops import batched_nms
+from torchvision.transforms.v2 import functional as F
 from tqdm import tqdm
+
+from .collate import pad_images
+from .transforms import resized_size
 
 log = logging.getLogger(__name__)
 
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
 
+@dataclass(frozen=True)
+class TestTimeAugmentation:
+    """The seed's BBOX_AUG: the test scale plus ``scales`` (shorter sides, longer at most
+    ``max_size``), each also flipped when ``flip``; detections merged by class-wise NMS."""
+
+    scales: tuple[int, ...] = ()
+    max_size: int = 1333
+    flip: bool = True
+
+
+def _detect_view(model, images: list[torch.Tensor], orig_sizes: list[tuple[int, int]], *, flip: bool,
+                 size_divisibility: int, device) -> list[dict]:
+    """Detections of one view (images at some scale, optionally mirrored) in original image coordinates."""
+    if flip:
+        images = [im.flip(-1) for im in images]
+    sizes = [tuple(im.shape[-2:]) for im in images]
+    outputs = model(pad_images(images, size_divisibility).to(device), sizes)
+    for out, (height, width), (orig_h, orig_w) in zip(outputs, sizes, orig_sizes):
+        boxes = out["boxes"].float().cpu()
+        if flip:
+            boxes = torch.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], dim=1)
+        out["boxes"] = boxes * torch.tensor([orig_w / width, orig_h / height] * 2)
+        out["scores"], out["labels"] = out["scores"].cpu(), out["labels"].cpu()
+    return outputs
+
+
+def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, size_divisibility: int = 32) -> list[dict]:
+    """Detections for a :class:`~pipelines.collate.Batch` in original image coordinates.
+
+    With ``tta``, extra views are made from the batch's (already resized) images and merged per image
+    by class-wise NMS at the model's threshold, keeping its ``detections_per_img`` best.
+    """
+    images = [im[:, :h, :w] for im, (h, w) in zip(batch.images, batch.image_sizes)]
+    orig_sizes = [tuple(t["orig_size"].tolist()) for t in batch.targets]
+    views = _detect_view(model, images, orig_sizes, flip=False, size_divisibility=size_divisibility, device=device)
+    if tta is None:
+        return views
+    all_views = [views]
+    if tta.flip:
+        all_views.append(_detect_view(model, images, orig_sizes, flip=True, size_divisibility=size_divisibility,
+                                      device=device))
+    for scale in tta.scales:
+        scaled = [F.resize(im, list(resized_size(h, w, scale, tta.max_size)), antialias=True)
+                  for im, (h, w) in zip(images, orig_sizes)]
+        for flip in (False, True) if tta.flip else (False,):
+            all_views.append(_detect_view(model, scaled, orig_sizes, flip=flip, size_divisibility=size_divisibility,
+                                          device=device))
+    merged = []
+    for per_image in zip(*all_views):
+        boxes = torch.cat([d["boxes"] for d in per_image])
+        scores = torch.cat([d["scores"] for d in per_image])
+        labels = torch.cat([d["labels"] for d in per_image])
+        keep = batched_nms(boxes, scores, labels, model.nms_thresh)[: model.detections_per_img]
+        merged.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+    return merged
+
+
 @torch.inference_mode()
 def predict(model: torch.nn.Module, loader, *, device: torch.device, category_ids: list[int],
-            progress: bool = True) -> list[dict]:
+            tta: TestTimeAugmentation | None = None, size_divisibility: int = 32, progress: bool = True) -> list[dict]:
     """Run ``model`` over ``loader`` and return COCO-format detections in original image coordinates.
 
     Boxes are scaled from the resized image back to the stored image's size and labels mapped from
@@ -29,11 +91,9 @@ def predict(model: torch.nn.Module, loader, *, device: torch.device, category_id
     model.eval()
     results: list[dict] = []
     for batch in tqdm(loader, desc="inference", unit="batch", disable=not progress, mininterval=2.0):
-        outputs = model(batch.images.to(device), batch.image_sizes)
-        for output, target, (height, width) in zip(outputs, batch.targets, batch.image_sizes):
-            orig_h, orig_w = target["orig_size"].tolist()
-            scale = torch.tensor([orig_w / width, orig_h / height] * 2)
-            boxes = output["boxes"].cpu() * scale
+        outputs = detect(model, batch, device=device, tta=tta, size_divisibility=size_divisibility)
+        for output, target in zip(outputs, batch.targets):
+            boxes = output["boxes"].clone()
             boxes[:, 2:] -= boxes[:, :2]
             image_id = int(target["image_id"])
             for box, score, label in zip(boxes.tolist(), output["scores"].tolist(), output["labels"].tolist()):

@@ -128,6 +128,10 @@ class Tracker:
         if self.active:
             self._client().log_artifacts(self.run_id, str(folder), artifact_path)
 
+    def log_text(self, text: str, artifact_file: str) -> None:
+        if self.active:
+            self._client().log_text(self.run_id, text, artifact_file)
+
     def set_tag(self, key: str, value: str) -> None:
         if self.active:
             self._client().set_tag(self.run_id, key, value)

@@ -96,19 +96,27 @@ class RandomHorizontalFlip:
         return f"RandomHorizontalFlip(prob={self.prob})"
 
 
-AUGMENT_PRESETS = ("none", "flip")
+AUGMENT_PRESETS = ("none", "flip", "sa_autoaug")
 
 
 def build_transforms(*, train: bool, min_sizes: Sequence[int], max_size: int, augment: str = "none",
-                     hflip_prob: float = 0.5) -> Compose:
+                     hflip_prob: float = 0.5, autoaug: Callable | None = None) -> Compose:
     """The base transforms: resize by the shorter side, then (training only) the augmentation preset.
 
+    Presets: ``none``; ``flip`` (horizontal flip with ``hflip_prob``); ``sa_autoaug`` (flip, then
+    ``autoaug``, a :class:`pipelines.autoaug.ScaleAwareAutoAugment`, on the resized image as in the
+    original).
+
     Raises:
-        ValueError: for an unknown preset name.
+        ValueError: for an unknown preset name, or ``sa_autoaug`` without ``autoaug``.
     """
     if augment not in AUGMENT_PRESETS:
         raise ValueError(f"unknown augmentation preset {augment!r}; expected one of {', '.join(AUGMENT_PRESETS)}")
+    if augment == "sa_autoaug" and autoaug is None:
+        raise ValueError("augmentation preset 'sa_autoaug' needs its ScaleAwareAutoAugment transform")
     transforms = [ResizeShorterSide(min_sizes, max_size)]
-    if train and augment == "flip":
+    if train and augment in ("flip", "sa_autoaug"):
         transforms.append(RandomHorizontalFlip(hflip_prob))
+    if train and augment == "sa_autoaug":
+        transforms.append(autoaug)
     return Compose(transforms)

@@ -17,7 +17,7 @@ from pipelines.annotation_cache import AnnotationCache
 from pipelines.config import load_params
 from pipelines.dataset import DetectionDataset
 from pipelines.errors import CheckpointError
-from pipelines.evaluation import coco_evaluate, predict
+from pipelines.evaluation import TestTimeAugmentation, coco_evaluate, predict
 from pipelines.fileio import write_json
 from pipelines.loader import make_test_loader
 from pipelines.model import build_detector
@@ -60,8 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     loader = make_test_loader(dataset, ims_per_batch=p.evaluate.ims_per_batch, aspect_grouping=p.loader.aspect_grouping,
                               num_workers=p.loader.num_workers, size_divisibility=p.loader.size_divisibility,
                               seed=p.seed, rank=rank, world_size=world_size)
-    detections = predict(model, loader, device=device, category_ids=cache.category_ids,
-                         progress=distributed.is_main_process())
+    e = p.evaluate
+    tta = TestTimeAugmentation(tuple(e.tta_scales), e.tta_max_size, e.tta_flip) if e.tta else None
+    detections = predict(model, loader, device=device, category_ids=cache.category_ids, tta=tta,
+                         size_divisibility=p.loader.size_divisibility, progress=distributed.is_main_process())
     gathered = distributed.gather_objects(detections)
     if gathered is not None:
         detections = [d for part in gathered for d in part]

@@ -21,11 +21,13 @@ from pipelines.engine import MetricLog, train
 from pipelines.fileio import write_json
 from pipelines.loader import make_train_loader
 from pipelines.model import build_detector
+from pipelines.preview import augmentation_preview
 from pipelines.solver import build_lr_scheduler, build_optimizer
 from pipelines.tracking import Tracker, tracking_uri
 from pipelines.transforms import build_transforms
 
 log = logging.getLogger("train")
+PREVIEW_SAMPLES = 6
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, required=True, help="annotation cache folder (train split inside)")
     parser.add_argument("--out", type=Path, required=True, help="folder for model_final.pth, checkpoints/, run.json")
     parser.add_argument("--train-log", type=Path, required=True, help="training log (CSV) for dvc plots")
+    parser.add_argument("--preview", type=Path, required=True, help="PNG of samples before and after augmentation")
     args = parser.parse_args(argv)
 
     device = distributed.init_from_env()
@@ -43,8 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(p.seed)
 
     cache = AnnotationCache(args.cache / "train")
+    autoaug = p.augment.build_autoaug(max_iter=t.max_iter)
     transforms = build_transforms(train=True, min_sizes=m.min_size_train, max_size=m.max_size_train,
-                                  augment=p.augment.name, hflip_prob=p.augment.hflip_prob)
+                                  augment=p.augment.name, hflip_prob=p.augment.hflip_prob, autoaug=autoaug)
     dataset = DetectionDataset(cache, transforms=transforms, seed=p.seed)
     loader = make_train_loader(dataset, ims_per_batch=t.ims_per_batch, max_iter=t.max_iter,
                                aspect_grouping=p.loader.aspect_grouping, num_workers=p.loader.num_workers,
@@ -63,6 +67,16 @@ def main(argv: list[str] | None = None) -> None:
 
     tracker = Tracker.start(experiment=p.tracking.experiment, params=to_flat_dict(p), main_process=main_process)
     tracker.log_artifact(args.params)
+    if main_process:
+        if autoaug is not None:
+            log.info("Scale-aware AutoAugment policy:\n%s", autoaug.policy)
+            tracker.log_text(str(autoaug.policy), "augment_policy.txt")
+        plain = DetectionDataset(cache, transforms=build_transforms(train=False, min_sizes=m.min_size_train,
+                                                                    max_size=m.max_size_train), seed=p.seed)
+        names = [c["name"] for c in cache.categories]
+        indices = range(min(PREVIEW_SAMPLES, len(dataset)))
+        augmentation_preview(plain, dataset, indices=indices, iteration=t.max_iter, names=names, path=args.preview)
+        tracker.log_artifact(args.preview, "preview")
     try:
         train(model, loader, optimizer, scheduler, device=device, max_iter=t.max_iter, ims_per_batch=t.ims_per_batch,
               log_period=t.log_period, checkpoint_period=t.checkpoint_period, checkpoint_dir=args.out / "checkpoints",

@@ -98,3 +98,19 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_params(bad)
+
+
+def test_sa_autoaug_preset_composes_and_requires_its_settings():
+    composed = yaml.safe_load(compose_params(REPO, ["augment=sa_autoaug"]))
+    assert composed["augment"]["name"] == "sa_autoaug" and len(composed["augment"]["policy"]) == 40
+    params = params_from_dict(composed)
+    assert params.augment.build_autoaug(max_iter=10) is not None
+    del composed["augment"]["box_prob"]
+    with pytest.raises(ConfigError, match="augment.box_prob: missing value"):
+        params_from_dict(composed)
+
+
+@pytest.mark.parametrize("preset", ["none", "flip"])
+def test_other_presets_have_no_autoaug(preset):
+    params = params_from_dict(yaml.safe_load(compose_params(REPO, [f"augment={preset}"])))
+    assert params.augment.name == preset and params.augment.build_autoaug(max_iter=10) is None

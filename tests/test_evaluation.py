@@ -65,3 +65,39 @@ def test_predict_maps_boxes_and_labels_back_to_the_json(coco_real, tmp_path):
     assert {d["category_id"] for d in detections} <= {c["id"] for c in cleaned["categories"]}
     metrics = coco_evaluate(str(tmp_path / "val.json"), detections)
     assert metrics.stats["AP"] > 0.99
+
+
+class _BrightSquareDetector(torch.nn.Module):
+    """Detects the box of pixels brighter than 200 in each image (a geometry-exact stand-in model)."""
+
+    nms_thresh = 0.5
+    detections_per_img = 100
+
+    def forward(self, images, image_sizes):
+        outputs = []
+        for image, (h, w) in zip(images, image_sizes):
+            ys, xs = torch.nonzero(image[0, :h, :w] > 200, as_tuple=True)
+            box = torch.tensor([[xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]], dtype=torch.float32)
+            outputs.append({"boxes": box, "scores": torch.ones(1), "labels": torch.zeros(1, dtype=torch.int64)})
+        return outputs
+
+
+def test_test_time_augmentation_maps_every_view_back_and_merges(tmp_path):
+    from pipelines.collate import BatchCollator
+    from pipelines.evaluation import TestTimeAugmentation, detect
+
+    image = torch.zeros(3, 300, 400, dtype=torch.uint8)
+    image[:, 40:100, 250:330] = 255  # the object: x 250..330, y 40..100 in the original image
+    resized = torch.nn.functional.interpolate(image[None].float(), size=(240, 320)).to(torch.uint8)[0]
+    target = {"orig_size": torch.tensor([300, 400])}
+    batch = BatchCollator(32)([(resized, target, 0)])
+    tta = TestTimeAugmentation(scales=(150, 450), max_size=800, flip=True)
+    model = _BrightSquareDetector()
+
+    views = []
+    original_view = model.forward
+    model.forward = lambda images, sizes: views.append(len(images)) or original_view(images, sizes)
+    merged = detect(model, batch, device="cpu", tta=tta)
+    assert len(views) == 6  # test scale and 2 extra scales, each plain and flipped
+    assert len(merged) == 1 and len(merged[0]["boxes"]) == 1  # all views agree: NMS keeps one box
+    torch.testing.assert_close(merged[0]["boxes"][0], torch.tensor([250.0, 40.0, 330.0, 100.0]), atol=4.0, rtol=0)
