@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 
 from .errors import PipelineError
@@ -38,6 +39,8 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
             raise
         if rank == 0:
             print(f"error: {err}", file=sys.stderr)
+        else:
+            time.sleep(2)  # let rank 0 print before torchrun stops the other processes
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -330,3 +330,18 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
                     f"{source}: {key}: expected a multiple of the number of processes "
                     f"({what} = {n}), got {batch}"
                 )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pipelines.config``: validate ``params.yaml`` before ``torchrun`` starts processes."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Validate params.yaml; one line per problem, exit code 2.")
+    parser.add_argument("--params", default="params.yaml")
+    load_params(parser.parse_args(argv).params)
+
+
+if __name__ == "__main__":
+    from . import cli
+
+    cli.run(main)

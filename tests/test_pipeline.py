@@ -116,10 +116,23 @@ def test_second_repro_does_nothing(repo):
     assert len(_runs(repo)[1]) == 1
 
 
+def test_same_params_and_code_give_the_same_model_bit_for_bit(repo):
+    import torch
+
+    first = torch.load(repo / "outputs" / "train" / "model_final.pth", weights_only=True)["model"]
+    done = subprocess.run(["dvc", "repro", "--force", "--single-item", "train"], cwd=repo, env=_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = torch.load(repo / "outputs" / "train" / "model_final.pth", weights_only=True)["model"]
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)  # two gloo processes, bf16, same result
+    assert len(_runs(repo)[1]) == 2
+
+
 def test_learning_rate_change_reruns_train_and_evaluate_only(repo):
     _set_param(repo, "train", "base_lr", 0.0005)
     assert _repro(repo) == {"train", "evaluate"}
-    assert len(_runs(repo)[1]) == 2
+    assert len(_runs(repo)[1]) == 3
 
 
 def test_dataset_seed_change_reruns_everything(repo):

@@ -76,6 +76,8 @@ def test_bad_params_stop_the_train_stage_in_one_line(base_params, tmp_path):
         f"error: {path}: train.base_lr: expected a learning rate > 0, got -1.0"
     )
     assert "Traceback" not in done.stderr
+    checked = _run("pipelines.config", "--params", path, cwd=tmp_path)  # dvc.yaml's check before torchrun
+    assert checked.returncode == 2 and checked.stderr.strip() == done.stderr.strip().splitlines()[-1]
 
 
 def test_cache_stage_rebuilds_a_corrupt_cache(base_params, tmp_path):
