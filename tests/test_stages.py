@@ -70,7 +70,8 @@ def test_bad_params_stop_the_train_stage_in_one_line(base_params, tmp_path):
     params = copy.deepcopy(base_params)
     params["train"]["base_lr"] = -1.0
     path = _write_params(tmp_path / "params.yaml", params)
-    done = _run("stages.train", "--params", path, "--cache", "x", "--out", "y", "--train-log", "z", cwd=tmp_path)
+    done = _run("stages.train", "--params", path, "--cache", "x", "--out", "y", "--train-log", "z", "--preview", "p",
+                cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: {path}: train.base_lr: expected a learning rate > 0, got -1.0"
