@@ -138,3 +138,19 @@ def test_learning_rate_change_reruns_train_and_evaluate_only(repo):
 def test_dataset_seed_change_reruns_everything(repo):
     _set_param(repo, "dataset", "seed", 1)
     assert _repro(repo) == {"prepare", "cache", "train", "evaluate"}
+
+
+def test_sa_autoaug_pipeline_runs_end_to_end(repo):
+    from pipelines.compose import compose_params
+
+    augment = yaml.safe_load(compose_params(repo, ["augment=sa_autoaug"]))["augment"]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["augment"] = augment
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert _repro(repo) == {"train", "evaluate"}
+    client, runs = _runs(repo)
+    latest = max(runs, key=lambda r: r.info.start_time)
+    assert latest.data.params["augment.name"] == "sa_autoaug"
+    assert {"preview", "augment_policy.txt"} <= {a.path for a in client.list_artifacts(latest.info.run_id)}
+    assert (repo / "outputs" / "train" / "augment_preview.png").stat().st_size > 0
+    assert "eval/AP" in latest.data.metrics
