@@ -1,7 +1,8 @@
 """Stage cache: convert each prepared split into a memory-mappable annotation cache.
 
 Training drops images without a usable box (as the seed does); val keeps every image. A split's
-cache is rebuilt only when its source JSON, its settings or the cache format changed.
+cache is rebuilt only when its source JSON, its settings or the cache format changed, or when the
+cache on disk is missing, truncated or fails its checksums.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import logging
 from pathlib import Path
 
 from pipelines import cli
-from pipelines.annotation_cache import build_cache, file_sha256, is_up_to_date
-from pipelines.coco import load_json
+from pipelines.annotation_cache import build_cache, file_sha256, stale_reason
 from pipelines.errors import DatasetError
 
 log = logging.getLogger("cache")
@@ -33,11 +33,15 @@ def main(argv: list[str] | None = None) -> None:
 
     for split, entry in splits.items():
         source = args.prepared / entry["annotations"]
+        if not source.is_file():
+            raise DatasetError(f"{source}: annotations of split {split!r} not found; run the prepare stage")
         settings = {"source_sha256": file_sha256(source), "image_root": entry["images"], "drop_empty": split == "train"}
-        if is_up_to_date(args.out / split, **settings):
+        reason = stale_reason(args.out / split, **settings)
+        if reason is None:
             log.info("%s: cache up to date", split)
             continue
-        meta = build_cache(load_json(source), args.out / split, **settings)
+        log.info("%s: building the cache (%s)", split, reason)
+        meta = build_cache(source, args.out / split, **settings)
         log.info("%s: cached %d images, %d boxes", split, meta["num_images"], meta["num_boxes"])
 
 

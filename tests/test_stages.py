@@ -100,3 +100,19 @@ def test_cache_stage_rebuilds_a_corrupt_cache(base_params, tmp_path):
     assert rebuilt.returncode == 0
     assert "train: cached" in rebuilt.stderr and "val: cache up to date" in rebuilt.stderr
     assert len(AnnotationCache(cache / "train")) >= 1
+    assert "train: building the cache" in rebuilt.stderr and "boxes.npy: corrupt or truncated" in rebuilt.stderr
+
+    # Corruption that keeps every size fails the checksums; an older format version is rebuilt too.
+    labels = bytearray((cache / "val" / "labels.npy").read_bytes())
+    labels[-1] ^= 0xFF
+    (cache / "val" / "labels.npy").write_bytes(bytes(labels))
+    meta = json.loads((cache / "train" / "meta.json").read_text())
+    meta["format_version"] = 1
+    (cache / "train" / "meta.json").write_text(json.dumps(meta))
+    fixed = _run("stages.cache", "--prepared", str(prepared), "--out", str(cache), cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "labels.npy: content does not match its checksum" in fixed.stderr
+    assert "cache format version 1, expected" in fixed.stderr
+    assert fixed.stderr.count("cached") == 2
+    assert AnnotationCache(cache / "val", verify=True).meta["num_images"] == 3
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no half-written or old folders left
