@@ -169,6 +169,16 @@ def test_decreasing_offsets_are_detected(cache_copy):
     offsets = np.load(folder / "box_offsets.npy")
     offsets[3], offsets[4] = offsets[4], offsets[3]
     np.save(folder / "box_offsets.npy", offsets)
+    AnnotationCache(folder)  # sizes and ends are right: only the full check sees it
+    with pytest.raises(CacheError, match=r"box_offsets.npy: content does not match its checksum"):
+        AnnotationCache(folder, verify=True)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["arrays"]["box_offsets"]["sha256"] = file_sha256(folder / "box_offsets.npy")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CacheError, match=r"box_offsets.npy: offsets do not match"):
+        AnnotationCache(folder, verify=True)
+    offsets[-1] += 1
+    np.save(folder / "box_offsets.npy", offsets)
     with pytest.raises(CacheError, match=r"box_offsets.npy: offsets do not match"):
         AnnotationCache(folder)
 
