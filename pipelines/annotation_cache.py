@@ -155,19 +155,26 @@ def build_cache(source: dict | str | Path, out_dir: str | Path, *, image_root: s
 
 def _columns(coco: dict, name: str) -> dict:
     """The fields the cache keeps, as numpy columns in file order; no per-box Python objects are made."""
+
+    def column(rows: list[dict], key: str, dtype) -> np.ndarray:
+        return np.fromiter(map(itemgetter(key), rows), dtype=dtype, count=len(rows))
+
     try:
         images, anns, categories = coco["images"], coco["annotations"], coco["categories"]
-        n, m = len(images), len(anns)
-        column = lambda rows, key, dtype, count: np.fromiter(map(itemgetter(key), rows), dtype=dtype, count=count)  # noqa: E731
+        m = len(anns)
+        bbox_lengths = np.fromiter(map(len, map(itemgetter("bbox"), anns)), dtype=np.int64, count=m)
+        if (bbox_lengths != 4).any():
+            index = int(np.flatnonzero(bbox_lengths != 4)[0])
+            raise DatasetError(f"{name}: annotations[{index}]: 'bbox' must have 4 numbers; run the prepare stage")
         return {
-            "image_ids": column(images, "id", np.int64, n),
-            "widths": column(images, "width", np.int64, n),
-            "heights": column(images, "height", np.int64, n),
+            "image_ids": column(images, "id", np.int64),
+            "widths": column(images, "width", np.int64),
+            "heights": column(images, "height", np.int64),
             "names": [im["file_name"].encode() for im in images],
-            "ann_image_ids": column(anns, "image_id", np.int64, m),
-            "ann_category_ids": column(anns, "category_id", np.int64, m),
-            "crowd": column(anns, "iscrowd", np.bool_, m),
-            "areas": column(anns, "area", np.float64, m),
+            "ann_image_ids": column(anns, "image_id", np.int64),
+            "ann_category_ids": column(anns, "category_id", np.int64),
+            "crowd": column(anns, "iscrowd", np.bool_),
+            "areas": column(anns, "area", np.float64),
             "xywh": np.fromiter(chain.from_iterable(map(itemgetter("bbox"), anns)), dtype=np.float64,
                                 count=4 * m).reshape(m, 4),
             "categories": sorted(({"id": c["id"], "name": c["name"]} for c in categories), key=itemgetter("id")),

@@ -263,9 +263,36 @@ def test_build_reports_bad_input_naming_the_file(tiny_synthetic, tmp_path):
     with pytest.raises(DatasetError, match=r"bad.json: not a validated COCO file \(KeyError: 'area'\)"):
         build_cache(bad, out, image_root="x", drop_empty=True)
 
+    short_box = json.loads(path.read_text())
+    short_box["annotations"][3]["bbox"] = [1.0, 2.0, 3.0]
+    bad.write_text(json.dumps(short_box))
+    with pytest.raises(DatasetError, match=r"bad.json: annotations\[3\]: 'bbox' must have 4 numbers"):
+        build_cache(bad, out, image_root="x", drop_empty=True)
+
     with pytest.raises(DatasetError, match=r"changed while the cache was built"):
         build_cache(path, out, image_root="x", drop_empty=True, source_sha256="0" * 64)
     with pytest.raises(TypeError, match="source_sha256 is required"):
         build_cache(coco, out, image_root="x", drop_empty=True)
     assert not out.exists()
 
+
+
+@pytest.mark.slow
+def test_round_trip_at_coco_scale(tmp_path):
+    """The full 118,287-image, 860,001-box file against pycocotools, compared as whole arrays (about 15 s)."""
+    source = tmp_path / "instances.json"
+    write_coco_scale(source, seed=0)
+    build_cache(source, tmp_path / "cache", image_root="images", drop_empty=False)
+    cache = AnnotationCache(tmp_path / "cache", verify=True)
+    coco = _pycocotools(source)
+    ids = sorted(coco.getImgIds())
+    assert cache.image_ids.tolist() == ids and len(ids) == 118_287
+    assert cache.sizes.tolist() == [[coco.imgs[i]["width"], coco.imgs[i]["height"]] for i in ids]
+    anns = [a for i in ids for a in coco.imgToAnns[i]]
+    assert len(anns) == 860_001 and np.diff(cache._box_offsets).tolist() == [len(coco.imgToAnns[i]) for i in ids]
+    xywh = np.array([a["bbox"] for a in anns], dtype=np.float64)
+    np.testing.assert_array_equal(cache.boxes, np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1).astype(np.float32))
+    label_of = {cat_id: k for k, cat_id in enumerate(sorted(coco.getCatIds()))}
+    assert cache.labels.tolist() == [label_of[a["category_id"]] for a in anns]
+    assert cache.crowd.tolist() == [bool(a["iscrowd"]) for a in anns]
+    assert 0 < cache.crowd.sum() < len(anns) and (np.diff(cache._box_offsets) == 0).sum() == 1021

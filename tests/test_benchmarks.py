@@ -1,0 +1,111 @@
+"""Smoke tests of the benchmark code at tiny sizes (no timing is asserted)."""
+
+import inspect
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from benchmarks import annotations as annotations_benchmark
+from benchmarks import loader as loader_benchmark
+from benchmarks.coco_scale import COCO_CATEGORY_IDS, make_coco_scale, write_coco_scale
+
+from .conftest import REPO
+
+
+def test_generator_is_deterministic_and_shaped_like_coco(tmp_path):
+    kwargs = dict(num_images=500, num_boxes=3700, empty_fraction=0.01, crowd_fraction=0.02)
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    summary = write_coco_scale(a, seed=1, **kwargs)
+    write_coco_scale(b, seed=1, **kwargs)
+    write_coco_scale(c, seed=2, **kwargs)
+    assert a.read_bytes() == b.read_bytes() and a.read_bytes() != c.read_bytes()
+    assert summary["images"] == 500 and summary["annotations"] == 3700 and summary["crowd"] > 0
+
+    coco = json.loads(a.read_text())
+    assert [cat["id"] for cat in coco["categories"]] == list(COCO_CATEGORY_IDS)
+    assert len(COCO_CATEGORY_IDS) == 80 and {12, 26, 29, 30, 45, 66, 68, 69, 71, 83}.isdisjoint(COCO_CATEGORY_IDS)
+    images = {im["id"]: im for im in coco["images"]}
+    assert len(images) == 500 and [im["id"] for im in coco["images"]] != sorted(images)  # unsorted, as in COCO
+    with_boxes = {ann["image_id"] for ann in coco["annotations"]}
+    assert len(images) - len(with_boxes) == 5
+    assert len({ann["id"] for ann in coco["annotations"]}) == 3700
+    for ann in coco["annotations"]:
+        im = images[ann["image_id"]]
+        x, y, w, h = ann["bbox"]
+        assert 0 <= x and 0 <= y and w > 0 and h > 0 and x + w <= im["width"] + 0.01 and y + h <= im["height"] + 0.01
+        if ann["iscrowd"]:
+            assert ann["segmentation"]["size"] == [im["height"], im["width"]]
+            assert sum(ann["segmentation"]["counts"]) == im["height"] * im["width"]
+        else:
+            assert len(ann["segmentation"]) == 1 and len(ann["segmentation"][0]) == 8
+            assert ann["category_id"] in COCO_CATEGORY_IDS and ann["area"] > 0
+
+
+def test_generator_defaults_are_coco_train2017s_counts():
+    defaults = inspect.signature(make_coco_scale).parameters
+    assert defaults["num_images"].default == 118_287 and defaults["num_boxes"].default == 860_001
+    assert round(defaults["empty_fraction"].default * 118_287) == 1021
+
+
+def test_annotations_benchmark_reports_every_figure(tmp_path, capsys):
+    source = tmp_path / "instances.json"
+    write_coco_scale(source, seed=0, num_images=300, num_boxes=2000)
+    annotations_benchmark.main(["--annotations", str(source), "--repeats", "1", "--cache-repeats", "1",
+                                "--accesses", "50", "--json"])
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["dataset"]["images"] == 300 and figures["dataset"]["boxes"] == 2000
+    for kind in ("coco", "cache", "build", "json", "orjson"):
+        assert figures[kind]["seconds"] > 0 and figures[kind]["peak_rss_mb"] > 0
+    assert figures["coco"]["access_us"] > 0 and figures["cache"]["access_us"] > 0
+    assert set(figures["targets_met"]) == {"open_speedup", "memory_fraction", "access_us", "build_vs_json_load"}
+    assert "| pycocotools `COCO(path)` |" in annotations_benchmark.table(figures)
+
+
+def test_loader_benchmark_reports_every_figure(tmp_path, capsys):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["model"].update(min_size_train=[96], max_size_train=128)  # tiny, so the smoke test is quick
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    loader_benchmark.main(["--params", str(path), "--images", "8", "--workers", "0", "1", "--batches", "2",
+                           "--warmup", "1", "--repeats", "1", "--train-steps", "1", "--json"])
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["config"]["augment"] == params["augment"]["name"]
+    assert figures["training"]["images_per_s"] > 0 and figures["training"]["batch"] == 4
+    assert set(figures["loader"]) == {"0", "1"} and all(v["images_per_s"] > 0 for v in figures["loader"].values())
+    assert figures["decoders"]["max_abs_pixel_difference"] == 0
+    assert figures["decoders"]["faster"] in loader_benchmark.DECODERS
+    assert "| loader, 1 worker (default) |" in loader_benchmark.table(figures)
+
+
+def test_decoders_agree_with_the_dataset(tiny_cache, coco_real):
+    from pipelines.dataset import DetectionDataset
+    from pipelines.transforms import build_transforms
+
+    dataset = DetectionDataset(tiny_cache, transforms=build_transforms(train=False, min_sizes=[320], max_size=416))
+    path = str(tiny_cache.image_path(0))
+    image, _ = dataset.load(0)
+    for decode in loader_benchmark.DECODERS.values():
+        decoded = decode(path)
+        assert decoded.dtype == torch.uint8 and decoded.shape == image.shape
+        assert torch.equal(decoded, image)  # same libjpeg-turbo output here
+
+    _, images = coco_real
+    for file in sorted(images.glob("*.jpg")):  # one is greyscale: both give 3 channels
+        shapes = {tuple(decode(str(file)).shape) for decode in loader_benchmark.DECODERS.values()}
+        assert len(shapes) == 1 and next(iter(shapes))[0] == 3
+
+
+@pytest.mark.parametrize("name", ["flip", "none"])
+def test_loader_benchmark_swaps_the_augment_preset(name):
+    p = loader_benchmark.load_benchmark_params(REPO / "params.yaml", augment=name)
+    assert p.augment.name == name
+    transforms = loader_benchmark.training_transforms(p)
+    image = torch.zeros(3, 64, 80, dtype=torch.uint8)
+    target = {"boxes": torch.tensor([[1.0, 2.0, 30.0, 40.0]]), "labels": torch.tensor([1])}
+    from pipelines.transforms import SampleContext
+
+    out, out_target = transforms(image, target, SampleContext(rng=np.random.default_rng(0)))
+    assert min(out.shape[-2:]) == p.model.min_size_train[0] and len(out_target["boxes"]) == 1
