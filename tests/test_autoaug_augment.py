@@ -1,0 +1,265 @@
+"""The Scale-aware AutoAugment transform: op probabilities, the ramp, fillers, determinism."""
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.autoaug import PUBLISHED_POLICY, BoxOp, Policy, ScaleAwareAutoAugment, SubPolicy, ZoomOp, decode_policy
+from pipelines.autoaug._cache import SampleCache
+from pipelines.autoaug._pixels import MEAN_PIXEL
+from pipelines.dataset import DetectionDataset
+from pipelines.errors import ConfigError
+from pipelines.loader import make_train_loader
+from pipelines.transforms import Compose, ResizeShorterSide, SampleContext
+
+MAX_ITER = 100
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The transform runs in data-loader workers with one thread; on a shared 2-core machine, a second
+    intra-op thread only adds waits for tiny tensors."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _policy(color=("Brightness", 0.0, 10), geometric=("hflip", 0.0, 1), zoom_out=(0.0, 9), zoom_in=(0.0, 3),
+            area=(1, 0, 0), prob=(1, 0, 0)):
+    """One sub-policy; by default every op off and all selection weight on small boxes."""
+    return Policy(zoom_out=ZoomOp(*zoom_out), zoom_in=ZoomOp(*zoom_in),
+                  subpolicies=(SubPolicy(BoxOp(*color), BoxOp(*geometric)),), area_ratios=area, prob_ratios=prob)
+
+
+def _image(height, width, seed=0, low=0, high=256):
+    return torch.randint(low, high, (3, height, width), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def _sample():
+    # Two small boxes (selected with probability box_prob under the default ratios) and a large one.
+    image = _image(120, 160, seed=1, low=20, high=221)
+    target = {"boxes": torch.tensor([[30.0, 30.0, 60.0, 60.0], [100.0, 70.0, 130.0, 100.0], [10.0, 5.0, 150.0, 115.0]]),
+              "labels": torch.tensor([1, 2, 3])}
+    return image, target
+
+
+FILLERS = [(_image(90 + 10 * k, 110, seed=50 + k), {"boxes": torch.tensor([[5.0, 5.0, 100.0, 80.0]]),
+                                                    "labels": torch.tensor([40 + k])}) for k in range(5)]
+
+
+def _ctx(seed, iteration=MAX_ITER, fetch=FILLERS.__getitem__, num_samples=len(FILLERS)):
+    return SampleContext(rng=np.random.default_rng((7, iteration, seed)), iteration=iteration, fetch=fetch,
+                         num_samples=num_samples)
+
+
+def _same(a, b):
+    return torch.equal(a[0], b[0]) and torch.equal(a[1]["boxes"], b[1]["boxes"]) and torch.equal(a[1]["labels"], b[1]["labels"])
+
+
+OPS = ([("color", name) for name in ("AutoContrast", "Equalize", "SolarizeAdd", "Color", "Contrast", "Brightness", "Sharpness")]
+       + [("geometric", name) for name in ("hflip", "rotate", "shearX", "shearY", "translateX", "translateY")]
+       + [("zoom", "zoom_out"), ("zoom", "zoom_in")])
+
+
+def _one_op_policy(kind, name, prob):
+    if kind == "color":
+        return _policy(color=(name, prob, 9))
+    if kind == "geometric":
+        return _policy(geometric=(name, prob, 4))  # translate by 48 px: some copies stay inside
+    return _policy(**{name: (prob, 9 if name == "zoom_out" else 3)})
+
+
+@pytest.mark.parametrize("kind, name", OPS)
+def test_each_op_at_probability_0_changes_nothing_and_at_1_changes_the_image(kind, name):
+    image, target = _sample()
+    original = image.clone()
+    off = ScaleAwareAutoAugment(_one_op_policy(kind, name, 0.0), box_prob=1.0, max_iter=MAX_ITER)
+    on = ScaleAwareAutoAugment(_one_op_policy(kind, name, 1.0), box_prob=1.0, max_iter=MAX_ITER)
+    for seed in range(6):
+        out, t = off(image, target, _ctx(seed))
+        assert torch.equal(out, image) and torch.equal(t["boxes"], target["boxes"])
+        out, t = on(image, target, _ctx(seed))
+        assert out.shape == image.shape and out.dtype == torch.uint8
+        assert not torch.equal(out, image)
+        if kind != "zoom":
+            # Only the selected (small) boxes: the pixels far from both are untouched.
+            assert torch.equal(out[:, :, :5], image[:, :, :5]) or kind == "color"
+            assert torch.equal(t["boxes"][:3], target["boxes"])
+        assert len(t["labels"]) == len(t["boxes"])
+    assert torch.equal(image, original)  # never modified in place
+
+
+def test_zoom_probabilities_are_exactly_the_configured_ones():
+    # The published 0.30 / 0.25; the original's second draw would make zoom_out fire 41% of the time.
+    policy = decode_policy(PUBLISHED_POLICY)
+    augment = ScaleAwareAutoAugment(policy, max_iter=MAX_ITER)
+    image = _image(24, 32)
+    target = {"boxes": torch.tensor([[6.0, 5.0, 26.0, 19.0]]), "labels": torch.tensor([1])}
+    n, outs, ins = 4000, 0, 0
+    for seed in range(n):
+        # Iteration 0: the box-level ops are off, the zoom ops are not (they do not ramp).
+        out, t = augment(image, target, _ctx(seed, iteration=0))
+        if len(t["boxes"]) > 1:  # the fillers' boxes
+            outs += 1
+        elif not torch.equal(out, image):
+            ins += 1
+    for freq, p in ((outs / n, 0.30), (ins / n, 0.25)):
+        assert abs(freq - p) < 4.5 * math.sqrt(p * (1 - p) / n), (freq, p)
+
+
+def test_zoom_out_draws_fillers_through_fetch_or_fills_with_the_mean_pixel():
+    augment = ScaleAwareAutoAugment(_policy(zoom_out=(1.0, 9)), max_iter=MAX_ITER)
+    image, target = _sample()
+    fetched = []
+
+    def fetch(index):
+        fetched.append(index)
+        return FILLERS[index]
+
+    out, t = augment(image, target, _ctx(0, fetch=fetch))
+    assert len(fetched) == 3 and len(set(fetched)) == 3 and all(0 <= i < len(FILLERS) for i in fetched)
+    assert t["labels"].tolist() == [1, 2, 3] + [40 + i for i in fetched]
+    out, t = augment(image, target, _ctx(0, fetch=None, num_samples=0))
+    mean = torch.tensor([round(m) for m in MEAN_PIXEL], dtype=torch.uint8).view(3, 1)
+    assert out.shape == image.shape and (out[:, 60:, 80:].reshape(3, -1) == mean).all()
+    assert t["labels"].tolist() == [1, 2, 3]
+
+
+def test_ramp_is_a_function_of_the_iteration():
+    augment = ScaleAwareAutoAugment(_policy(), max_iter=200)
+    assert [augment.ramp(k) for k in (0, 50, 100, 200, 10_000, -5)] == [0.0, 0.25, 0.5, 1.0, 1.0, 0.0]
+
+
+def test_box_ops_fire_with_probability_p_times_the_ramp():
+    augment = ScaleAwareAutoAugment(_policy(color=("Brightness", 1.0, 10)), box_prob=1.0, max_iter=MAX_ITER)
+    image, target = _sample()
+
+    def fired(iteration, n):
+        return sum(not torch.equal(augment(image, target, _ctx(s, iteration))[0], image) for s in range(n))
+
+    assert fired(0, 100) == 0
+    assert fired(MAX_ITER, 100) == 100
+    n = 1000
+    freq = fired(MAX_ITER // 4, n) / n
+    assert abs(freq - 0.25) < 4.5 * math.sqrt(0.25 * 0.75 / n)
+
+
+def test_the_ramp_does_not_depend_on_what_the_transform_did_before():
+    policy = decode_policy(PUBLISHED_POLICY)
+    image, target = _sample()
+    fresh = ScaleAwareAutoAugment(policy, max_iter=MAX_ITER)
+    busy = ScaleAwareAutoAugment(policy, max_iter=MAX_ITER)
+    for seed in range(40):  # e.g. another worker's history, or the epochs before a resume
+        busy(image, target, _ctx(1000 + seed, iteration=seed * 3))
+    for k in (0, 10, 60, MAX_ITER):
+        for seed in range(10):
+            assert _same(fresh(image, target, _ctx(seed, k)), busy(image, target, _ctx(seed, k)))
+
+
+def test_same_seed_and_iteration_give_the_same_output_and_others_differ():
+    augment = ScaleAwareAutoAugment(decode_policy(PUBLISHED_POLICY), max_iter=MAX_ITER)
+    image, target = _sample()
+    outputs = []
+    for seed in range(30):
+        first = augment(image, target, _ctx(seed))
+        assert _same(first, augment(image, target, _ctx(seed)))
+        outputs.append(first[0])
+    assert len({o.numpy().tobytes() for o in outputs}) > 10
+
+
+def test_cached_and_fresh_fillers_give_the_same_output():
+    policy = decode_policy(PUBLISHED_POLICY)
+    cached = ScaleAwareAutoAugment(policy, max_iter=MAX_ITER, filler_cache_mb=1.0)
+    uncached = ScaleAwareAutoAugment(policy, max_iter=MAX_ITER, filler_cache_mb=0)
+    image, target = _sample()
+    for seed in range(60):
+        assert _same(cached(image, target, _ctx(seed)), uncached(image, target, _ctx(seed)))
+    assert cached._fillers.hits > 10 and uncached._fillers.hits == 0
+
+
+def test_outputs_stay_valid_under_the_published_policy():
+    augment = ScaleAwareAutoAugment(decode_policy(PUBLISHED_POLICY), max_iter=MAX_ITER)
+    image, target = _sample()
+    original = image.clone()
+    counts = set()
+    for seed in range(150):
+        out, t = augment(image, target, _ctx(seed))
+        boxes, labels = t["boxes"], t["labels"]
+        assert out.shape == image.shape and out.dtype == torch.uint8
+        assert boxes.dtype == torch.float32 and labels.dtype == torch.int64 and len(boxes) == len(labels)
+        assert (boxes[:, 2] > boxes[:, 0]).all() and (boxes[:, 3] > boxes[:, 1]).all()
+        assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 160).all() and (boxes[:, 3] <= 120).all()
+        counts.add(len(boxes))
+    assert torch.equal(image, original)
+    assert len(counts) > 2  # zoom in drops, zoom out and translate add
+
+
+STRONG = [8, 9, 8, 3,  3, 9, 5, 4, 9, 4,  6, 9, 5, 1, 9, 5,  1, 9, 0, 2, 9, 6,  2, 9, 5, 0, 9, 1,  5, 9, 8, 5, 9, 8,
+          1, 1, 1, 1, 1, 1]
+
+
+def _collect(loader):
+    return [(b.images.clone(), [t["boxes"].clone() for t in b.targets], [t["labels"].clone() for t in b.targets],
+             b.indices) for b in loader]
+
+
+def test_data_loader_output_does_not_depend_on_the_number_of_workers(tiny_cache):
+    augment = ScaleAwareAutoAugment(decode_policy(STRONG), box_prob=1.0, max_iter=6, filler_cache_mb=2.0)
+    resize = ResizeShorterSide([160, 192], 256)
+    dataset = DetectionDataset(tiny_cache, transforms=Compose([resize, augment]), seed=5)
+    kwargs = dict(ims_per_batch=2, max_iter=6, seed=0, aspect_grouping=False)
+    in_process = _collect(make_train_loader(dataset, num_workers=0, **kwargs))
+    two_workers = _collect(make_train_loader(dataset, num_workers=2, **kwargs))
+    plain = _collect(make_train_loader(DetectionDataset(tiny_cache, transforms=Compose([resize]), seed=5),
+                                       num_workers=0, **kwargs))
+    assert len(in_process) == len(two_workers) == 6
+    for (ia, ba, la, xa), (ib, bb, lb, xb) in zip(in_process, two_workers):
+        assert xa == xb and torch.equal(ia, ib)
+        assert all(torch.equal(p, q) for p, q in zip(ba, bb)) and all(torch.equal(p, q) for p, q in zip(la, lb))
+    changed = sum(not (ia.shape == ip.shape and torch.equal(ia, ip)) for (ia, *_), (ip, *_) in zip(in_process, plain))
+    assert changed >= 3  # the augmentation really ran
+
+
+def test_repr_and_parameters():
+    policy = decode_policy(PUBLISHED_POLICY)
+    augment = ScaleAwareAutoAugment(policy, max_iter=90)
+    text = repr(augment)
+    assert text.startswith("ScaleAwareAutoAugment(scale_splits=[2048, 10240, 51200], box_prob=0.3, max_iter=90")
+    assert str(policy) in text.replace("\n    ", "\n")
+    with pytest.raises(ConfigError, match=r"^augment\.scale_splits: expected 3 increasing positive areas"):
+        ScaleAwareAutoAugment(policy, scale_splits=(2048, 1024, 51200), max_iter=1)
+    with pytest.raises(ConfigError, match=r"^augment\.box_prob: expected a number in \[0\.0, 1\.0\], got 1\.5$"):
+        ScaleAwareAutoAugment(policy, box_prob=1.5, max_iter=1)
+    with pytest.raises(ConfigError, match=r"^train\.max_iter: expected an integer >= 1, got 0$"):
+        ScaleAwareAutoAugment(policy, max_iter=0)
+    with pytest.raises(ConfigError, match=r"^augment\.filler_cache_mb: expected a number >= 0\.0, got -1$"):
+        ScaleAwareAutoAugment(policy, max_iter=1, filler_cache_mb=-1)
+    with pytest.raises(TypeError, match="expected a Policy"):
+        ScaleAwareAutoAugment(list(PUBLISHED_POLICY), max_iter=1)
+
+
+def test_sample_cache_is_an_lru_bounded_by_pixel_bytes():
+    calls = []
+
+    def fetch(index):
+        calls.append(index)
+        return torch.zeros((3, 10, 10), dtype=torch.uint8), {"index": index}  # 300 bytes
+
+    cache = SampleCache(max_bytes=700)
+    assert cache.get(1, fetch) is cache.get(1, fetch)
+    cache.get(2, fetch)
+    cache.get(1, fetch)  # 1 is now the most recent
+    cache.get(3, fetch)  # evicts 2
+    assert len(cache) == 2 and cache.nbytes == 600
+    cache.get(2, fetch)
+    assert calls == [1, 2, 3, 2]
+    off = SampleCache(max_bytes=0)
+    off.get(1, fetch), off.get(1, fetch)
+    assert calls[-2:] == [1, 1] and len(off) == 0
+    # Each worker process starts with an empty cache of the same bound.
+    copy = pickle.loads(pickle.dumps(cache))
+    assert len(copy) == 0 and copy.max_bytes == 700
