@@ -3,7 +3,7 @@
 One run measures, each in its own fresh process (medians of repeats):
 
 * opening: ``COCO(path)`` vs :class:`pipelines.annotation_cache.AnnotationCache`: wall time of the
-  call, peak RSS of the process, and RSS added by the call;
+  call, peak RSS of the process, and RSS added by the call and the random access below;
 * random access right after opening: the boxes of 10,000 random images, as numpy arrays
   (``imgToAnns[id]`` -> float32 array for pycocotools; ``annotations(index)`` -> boxes, labels
   and crowd views for the cache);
@@ -178,7 +178,7 @@ def table(f: dict) -> str:
         f"cache {d['cache_megabytes']:.0f} MB. Medians of {f['settings']['repeats']} (COCO) / "
         f"{f['settings']['cache_repeats']} (cache) fresh processes.",
         "",
-        f"| | open | peak RSS of the process | RSS added by opening | boxes of {n:,} random images |",
+        f"| | open | peak RSS of the process | RSS added by open + access | boxes of {n:,} random images |",
         "|---|---|---|---|---|",
         f"| pycocotools `COCO(path)` | {_time(coco['seconds'])} | {coco['peak_rss_mb']:.0f} MB | "
         f"{coco['added_rss_mb']:.0f} MB | {coco['access_us'] * n / 1e3:.1f} ms ({coco['access_us']:.2f} us/image) |",
