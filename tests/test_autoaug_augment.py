@@ -198,6 +198,17 @@ def test_outputs_stay_valid_under_the_published_policy():
     assert len(counts) > 2  # zoom in drops, zoom out and translate add
 
 
+@pytest.mark.parametrize("kind, name", OPS)
+def test_an_image_without_boxes_goes_through_every_op(kind, name):
+    augment = ScaleAwareAutoAugment(_one_op_policy(kind, name, 1.0), box_prob=1.0, max_iter=MAX_ITER)
+    image = _image(60, 80, seed=3)
+    empty = {"boxes": torch.zeros((0, 4)), "labels": torch.zeros(0, dtype=torch.int64)}
+    out, t = augment(image, empty, _ctx(0, fetch=None, num_samples=0))
+    assert out.shape == image.shape and t["boxes"].shape == (0, 4) and len(t["labels"]) == 0
+    if kind != "zoom" or name == "zoom_in":
+        assert torch.equal(out, image)  # nothing to select, nothing survives a crop
+
+
 STRONG = [8, 9, 8, 3,  3, 9, 5, 4, 9, 4,  6, 9, 5, 1, 9, 5,  1, 9, 0, 2, 9, 6,  2, 9, 5, 0, 9, 1,  5, 9, 8, 5, 9, 8,
           1, 1, 1, 1, 1, 1]
 

@@ -76,10 +76,11 @@ def affine_crop(crop: torch.Tensor, name: str, degrees: float) -> torch.Tensor:
     a, b, c, d = _inverse_matrix(name, degrees)
     u = torch.arange(w, dtype=torch.float32).add_(0.5 - w / 2)
     v = torch.arange(h, dtype=torch.float32).add_(0.5 - h / 2)
-    # Normalised grid coordinates for align_corners=False: pixel offset from the centre * 2 / size.
-    gx = (u * (2 * a / w))[None, :] + (v * (2 * b / w))[:, None]
-    gy = (u * (2 * c / h))[None, :] + (v * (2 * d / h))[:, None]
-    grid = torch.stack([gx, gy], dim=-1)[None]
+    # grid_sample's normalised coordinates (align_corners=False): a pixel offset from the centre
+    # times 2 / size. grid[i, j] = u[j] * per_u + v[i] * per_v, built in one broadcast add.
+    per_u = torch.tensor([2 * a / w, 2 * c / h])
+    per_v = torch.tensor([2 * b / w, 2 * d / h])
+    grid = ((v[:, None] * per_v)[:, None, :] + (u[:, None] * per_u)[None, :, :])[None]
     # Sampling (crop - fill) with zero padding, then adding fill back, is bilinear sampling with
     # the fill outside: interpolation is linear.
     shifted = crop.float().sub_(_FILL)[None]

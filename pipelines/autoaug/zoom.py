@@ -24,10 +24,12 @@ Sample = tuple[torch.Tensor, dict]
 
 
 def zoom_in_ratio(level: int) -> float:
+    """Enlargement of zoom_in at ``level`` (0..9): 1.05 .. 1.5."""
     return ZOOM_IN_RATIOS[level]
 
 
 def zoom_out_ratio(level: int) -> float:
+    """Shrink factor of zoom_out at ``level`` (0..9): 0.95 .. 0.5."""
     return ZOOM_OUT_RATIOS[level]
 
 
