@@ -103,8 +103,8 @@ def run(calls: int, op_calls: int) -> dict:
                                                      rng=np.random.default_rng(i)), op_calls, warmup=10)
     results["zoom_in"] = _time(lambda i: zoom_in(image, target, ratio=zoom_in_ratio(3), rng=np.random.default_rng(i)),
                                op_calls, warmup=10)
-    results["zoom_out"] = _time(lambda i: zoom_out(image, target, ratio=zoom_out_ratio(9), fillers=fillers[i % 6:i % 6 + 3]),
-                                op_calls, warmup=10)
+    results["zoom_out"] = _time(lambda i: zoom_out(image, target, ratio=zoom_out_ratio(9),
+                                                   fillers=fillers[i % 6:i % 6 + 3]), op_calls, warmup=10)
     return {
         "input": {"height": HEIGHT, "width": WIDTH, "boxes": BOXES, "threads": torch.get_num_threads()},
         "ms": results,

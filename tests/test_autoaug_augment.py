@@ -7,7 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.autoaug import PUBLISHED_POLICY, BoxOp, Policy, ScaleAwareAutoAugment, SubPolicy, ZoomOp, decode_policy
+from pipelines.autoaug import (
+    COLOR_OPS,
+    GEO_OPS,
+    PUBLISHED_POLICY,
+    BoxOp,
+    Policy,
+    ScaleAwareAutoAugment,
+    SubPolicy,
+    ZoomOp,
+    decode_policy,
+)
 from pipelines.autoaug._cache import SampleCache
 from pipelines.autoaug._pixels import MEAN_PIXEL
 from pipelines.dataset import DetectionDataset
@@ -36,14 +46,15 @@ def _policy(color=("Brightness", 0.0, 10), geometric=("hflip", 0.0, 1), zoom_out
 
 
 def _image(height, width, seed=0, low=0, high=256):
-    return torch.randint(low, high, (3, height, width), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (3, height, width), dtype=torch.uint8, generator=generator)
 
 
 def _sample():
     # Two small boxes (selected with probability box_prob under the default ratios) and a large one.
     image = _image(120, 160, seed=1, low=20, high=221)
-    target = {"boxes": torch.tensor([[30.0, 30.0, 60.0, 60.0], [100.0, 70.0, 130.0, 100.0], [10.0, 5.0, 150.0, 115.0]]),
-              "labels": torch.tensor([1, 2, 3])}
+    boxes = [[30.0, 30.0, 60.0, 60.0], [100.0, 70.0, 130.0, 100.0], [10.0, 5.0, 150.0, 115.0]]
+    target = {"boxes": torch.tensor(boxes), "labels": torch.tensor([1, 2, 3])}
     return image, target
 
 
@@ -57,11 +68,11 @@ def _ctx(seed, iteration=MAX_ITER, fetch=FILLERS.__getitem__, num_samples=len(FI
 
 
 def _same(a, b):
-    return torch.equal(a[0], b[0]) and torch.equal(a[1]["boxes"], b[1]["boxes"]) and torch.equal(a[1]["labels"], b[1]["labels"])
+    return (torch.equal(a[0], b[0]) and torch.equal(a[1]["boxes"], b[1]["boxes"])
+            and torch.equal(a[1]["labels"], b[1]["labels"]))
 
 
-OPS = ([("color", name) for name in ("AutoContrast", "Equalize", "SolarizeAdd", "Color", "Contrast", "Brightness", "Sharpness")]
-       + [("geometric", name) for name in ("hflip", "rotate", "shearX", "shearY", "translateX", "translateY")]
+OPS = ([("color", name) for name in COLOR_OPS] + [("geometric", name) for name in GEO_OPS]
        + [("zoom", "zoom_out"), ("zoom", "zoom_in")])
 
 
@@ -274,3 +285,12 @@ def test_sample_cache_is_an_lru_bounded_by_pixel_bytes():
     # Each worker process starts with an empty cache of the same bound.
     copy = pickle.loads(pickle.dumps(cache))
     assert len(copy) == 0 and copy.max_bytes == 700
+
+
+def test_benchmark_reports_every_op_and_the_ratio():
+    from benchmarks.sa_autoaug import ORIGINAL_MEAN_MS, run
+
+    out = run(calls=3, op_calls=1)
+    assert set(out["ms"]) == {"full call", "zoom_in", "zoom_out", *COLOR_OPS, *GEO_OPS}
+    assert all(s["mean"] > 0 and s["median"] > 0 and s["p90"] > 0 for s in out["ms"].values())
+    assert out["ratio_to_reference"] == pytest.approx(out["ms"]["full call"]["mean"] / ORIGINAL_MEAN_MS)

@@ -16,7 +16,15 @@ from pipelines.autoaug.blend import BLEND_AREA_RATIOS, WINDOW_SIGMAS, color_gaus
 from pipelines.autoaug.color import apply_color_op, color_op_on_boxes, color_transform, enhance_factor
 from pipelines.autoaug.geometric import affine_crop, geometric_op
 from pipelines.autoaug.selection import scale_buckets, select_boxes, selection_probabilities
-from pipelines.autoaug.zoom import ZOOM_IN_RATIOS, ZOOM_OUT_RATIOS, resize, zoom_in, zoom_in_ratio, zoom_out, zoom_out_ratio
+from pipelines.autoaug.zoom import (
+    ZOOM_IN_RATIOS,
+    ZOOM_OUT_RATIOS,
+    resize,
+    zoom_in,
+    zoom_in_ratio,
+    zoom_out,
+    zoom_out_ratio,
+)
 
 SPLITS = (2048, 10240, 51200)
 AREA = (7, 5, 1)  # the published area genes
@@ -33,7 +41,8 @@ def one_thread():
 
 
 def _image(height, width, seed=0, low=0, high=256):
-    return torch.randint(low, high, (3, height, width), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (3, height, width), dtype=torch.uint8, generator=generator)
 
 
 def _target(boxes, labels=None):
@@ -376,7 +385,8 @@ def test_level_zero_moves_nothing():
 
 def test_unknown_op_names_fail_loudly():
     with pytest.raises(ValueError, match="unknown geometric op 'zoom'"):
-        geometric_op("zoom", _image(4, 4), _target([]), level=1, selected=np.zeros(0, bool), rng=np.random.default_rng())
+        geometric_op("zoom", _image(4, 4), _target([]), level=1, selected=np.zeros(0, bool),
+                     rng=np.random.default_rng())
     with pytest.raises(ValueError, match="unknown color op 'Posterize'"):
         color_transform("Posterize", _image(4, 4), level=1)
 
@@ -432,7 +442,8 @@ def _fillers():
     fillers = []
     for k, (height, width) in enumerate([(80, 120), (60, 60), (100, 90)]):
         boxes = [[10, 10, 30, 40], [width - 25, height - 30, width - 1, height - 2], [0, 0, width, height]]
-        fillers.append((_image(height, width, seed=20 + k), _target(boxes, labels=[10 * (k + 1) + i for i in range(3)])))
+        labels = [10 * (k + 1) + i for i in range(3)]
+        fillers.append((_image(height, width, seed=20 + k), _target(boxes, labels=labels)))
     return fillers
 
 

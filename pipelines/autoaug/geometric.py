@@ -88,7 +88,7 @@ def affine_crop(crop: torch.Tensor, name: str, degrees: float) -> torch.Tensor:
     return out.add_(_FILL)
 
 
-def _transform_in_place(name: str, image: torch.Tensor, boxes: torch.Tensor, selected: np.ndarray,
+def _transform_crops(name: str, image: torch.Tensor, boxes: torch.Tensor, selected: np.ndarray,
                         degrees: float) -> torch.Tensor:
     height, width = image.shape[-2:]
     out = image.clone()
@@ -157,4 +157,4 @@ def geometric_op(name: str, image: torch.Tensor, target: dict, *, level: int, se
         return image, target
     if name in ("translateX", "translateY"):
         return _translate(name, image, target, selected, int(round(amount)))
-    return _transform_in_place(name, image, target["boxes"], selected, amount), target
+    return _transform_crops(name, image, target["boxes"], selected, amount), target
