@@ -157,6 +157,10 @@ def test_box_ops_fire_with_probability_p_times_the_ramp():
     n = 1000
     freq = fired(MAX_ITER // 4, n) / n
     assert abs(freq - 0.25) < 4.5 * math.sqrt(0.25 * 0.75 / n)
+    augment = ScaleAwareAutoAugment(_policy(color=("Brightness", 0.5, 10)), box_prob=1.0, max_iter=MAX_ITER)
+    assert 60 < fired(MAX_ITER, 200) < 140  # p = 0.5 at full ramp
+    freq = fired(MAX_ITER // 2, n) / n
+    assert abs(freq - 0.25) < 4.5 * math.sqrt(0.25 * 0.75 / n)
 
 
 def test_the_ramp_does_not_depend_on_what_the_transform_did_before():
