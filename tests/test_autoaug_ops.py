@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from pipelines.autoaug import COLOR_OPS, GEO_OPS
+from pipelines.autoaug import COLOR_OPS
 from pipelines.autoaug._pixels import MEAN_PIXEL
 from pipelines.autoaug.blend import BLEND_AREA_RATIOS, WINDOW_SIGMAS, color_gaussians, paste_weights
 from pipelines.autoaug.color import apply_color_op, color_op_on_boxes, color_transform, enhance_factor
