@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from pipelines.autoaug import PUBLISHED_POLICY, ScaleAwareAutoAugment, decode_policy
 from pipelines.dataset import DetectionDataset
 from pipelines.errors import ConfigError
 from pipelines.loader import make_test_loader, make_train_loader, per_process_batch
@@ -43,12 +44,18 @@ def test_samples_do_not_depend_on_the_number_of_workers(train_set):
         assert all(torch.equal(p, q) for p, q in zip(ba, bb))
 
 
-def test_resumed_loader_continues_with_identical_samples(train_set):
+@pytest.mark.parametrize("augment", ["flip", "sa_autoaug"])
+def test_resumed_loader_continues_with_identical_samples(tiny_cache, augment):
+    """Resuming at iteration 5 gives the very batches (and augmentation ramp) of an uninterrupted run."""
+    autoaug = ScaleAwareAutoAugment(decode_policy(PUBLISHED_POLICY), max_iter=8) if augment == "sa_autoaug" else None
+    transforms = build_transforms(train=True, min_sizes=[160], max_size=256, augment=augment, autoaug=autoaug)
+    train_set = DetectionDataset(tiny_cache, transforms=transforms, seed=11)
     full = _collect(make_train_loader(train_set, ims_per_batch=2, max_iter=8, seed=0))
     resumed = _collect(make_train_loader(train_set, ims_per_batch=2, max_iter=8, start_iter=5, seed=0))
     assert len(resumed) == 3
     for (ia, ba, xa), (ib, bb, xb) in zip(full[5:], resumed):
         assert xa == xb and torch.equal(ia, ib)
+        assert all(torch.equal(p, q) for p, q in zip(ba, bb))
 
 
 def test_test_loader_covers_every_image_once_across_ranks(tiny_cache):
