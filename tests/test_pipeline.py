@@ -100,13 +100,15 @@ def test_repro_runs_four_stages_and_records_one_mlflow_run(repo):
     run = runs[0]
     assert run.data.params["train.base_lr"] == str(yaml.safe_load((repo / "params.yaml").read_text())["train"]["base_lr"])
     assert run.data.params["dataset.name"] == "synthetic"
+    assert run.data.params["augment.name"] == "sa_autoaug"  # the default: the pipeline runs with it end to end
     assert "mlflow.source.git.commit" in run.data.tags
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert sorted(m.step for m in history) == [1, 2, 3, 4]
     assert {"train/lr", "train/classification", "eval/AP", "eval/AP50"} <= set(run.data.metrics)
     assert run.data.metrics["eval/AP"] == pytest.approx(metrics["AP"])
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"model", "checkpoints", "eval", "params.yaml"} <= artifacts
+    assert {"model", "checkpoints", "eval", "params.yaml", "preview", "augment_policy.txt"} <= artifacts
+    assert (repo / "outputs" / "train" / "augment_preview.png").stat().st_size > 0
     assert [a.path for a in client.list_artifacts(run.info.run_id, "model")] == ["model/model_final.pth"]
     assert run.info.status == "FINISHED"
 
@@ -140,17 +142,17 @@ def test_dataset_seed_change_reruns_everything(repo):
     assert _repro(repo) == {"prepare", "cache", "train", "evaluate"}
 
 
-def test_sa_autoaug_pipeline_runs_end_to_end(repo):
+def test_switching_the_augmentation_preset_reruns_train_and_evaluate(repo):
     from pipelines.compose import compose_params
 
-    augment = yaml.safe_load(compose_params(repo, ["augment=sa_autoaug"]))["augment"]
+    augment = yaml.safe_load(compose_params(repo, ["augment=flip"]))["augment"]
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["augment"] = augment
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert _repro(repo) == {"train", "evaluate"}
     client, runs = _runs(repo)
     latest = max(runs, key=lambda r: r.info.start_time)
-    assert latest.data.params["augment.name"] == "sa_autoaug"
-    assert {"preview", "augment_policy.txt"} <= {a.path for a in client.list_artifacts(latest.info.run_id)}
-    assert (repo / "outputs" / "train" / "augment_preview.png").stat().st_size > 0
+    assert latest.data.params["augment.name"] == "flip"
+    artifacts = {a.path for a in client.list_artifacts(latest.info.run_id)}
+    assert "preview" in artifacts and "augment_policy.txt" not in artifacts
     assert "eval/AP" in latest.data.metrics
