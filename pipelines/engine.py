@@ -80,10 +80,12 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
             if not torch.isfinite(torch.tensor(total)):
                 log.warning("iteration %d: loss is %s", iteration, total)
             row = {"iteration": iteration, "loss": total, **{k: float(v) for k, v in reduced.items()},
-                   "lr": optimizer.param_groups[0]["lr"], "images_per_sec": ims_per_batch * window_iters / elapsed}
-            metric_log.write(row)
-            tracker.log_metrics({f"train/{k}": v for k, v in row.items() if k != "iteration"}, step=iteration)
-            progress.set_postfix(loss=f"{total:.3f}", lr=f"{row['lr']:.2e}", ips=f"{row['images_per_sec']:.1f}")
+                   "lr": optimizer.param_groups[0]["lr"]}
+            metric_log.write(row)  # deterministic: the same params give the same file
+            images_per_sec = ims_per_batch * window_iters / elapsed
+            tracker.log_metrics({**{f"train/{k}": v for k, v in row.items() if k != "iteration"},
+                                 "train/images_per_sec": images_per_sec}, step=iteration)
+            progress.set_postfix(loss=f"{total:.3f}", lr=f"{row['lr']:.2e}", ips=f"{images_per_sec:.1f}")
             window_start, window_iters = time.perf_counter(), 0
         progress.update(1)
 

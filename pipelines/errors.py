@@ -23,3 +23,7 @@ class CacheError(PipelineError):
 
 class CheckpointError(PipelineError):
     """A checkpoint or model file cannot be used."""
+
+
+class TrackingError(PipelineError):
+    """The MLflow run that an earlier stage recorded cannot be found."""

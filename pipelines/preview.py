@@ -24,13 +24,16 @@ def draw_sample(image: torch.Tensor, target: dict, names: Sequence[str]) -> torc
                                colors=[PALETTE[k % len(PALETTE)] for k in labels], width=2)
 
 
-def augmentation_preview(plain, augmented, *, indices: Sequence[int], iteration: int, names: Sequence[str],
-                         path: str | Path) -> Path:
-    """Write a PNG grid: row 1 the samples after the base transforms, row 2 after the training augmentation.
+def augmentation_preview(plain, augmented, *, count: int, iteration: int, path: str | Path) -> Path:
+    """Write a PNG grid: row 1 the first ``count`` samples after the base transforms, row 2 after the
+    training augmentation.
 
-    ``plain`` and ``augmented`` are datasets over the same images; samples are drawn at ``iteration``
-    (e.g. ``max_iter`` to show the augmentation at full strength).
+    ``plain`` and ``augmented`` are :class:`~pipelines.dataset.DetectionDataset` s over the same
+    images; samples are drawn at ``iteration`` (e.g. ``max_iter`` to show the augmentation at full
+    strength).
     """
+    names = [c["name"] for c in augmented.cache.categories]
+    indices = range(min(count, len(augmented)))
     tiles = [draw_sample(*dataset[(i, iteration)][:2], names) for dataset in (plain, augmented) for i in indices]
     grid = make_grid(list(pad_images(tiles, 1)), nrow=len(indices), padding=4, pad_value=255)
     path = Path(path)

@@ -10,11 +10,15 @@ afterwards).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from .errors import TrackingError
+from .fileio import write_json
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,22 @@ def tracking_uri() -> str:
 
 def artifact_location(experiment: str) -> str:
     return (repo_root() / "mlartifacts" / experiment).as_uri()
+
+
+def write_run_file(path: str | Path, *, run_id: str, experiment: str) -> None:
+    """Record which MLflow run a pipeline run writes to (the train stage's output, read by evaluate)."""
+    write_json(path, {"run_id": run_id, "tracking_uri": tracking_uri(), "experiment": experiment})
+
+
+def read_run_id(path: str | Path) -> str:
+    """The run id in a file written by :func:`write_run_file`; a :class:`TrackingError` if unusable."""
+    try:
+        run_id = json.loads(Path(path).read_text())["run_id"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise TrackingError(f"{path}: not a run file of the train stage ({type(err).__name__}: {err})") from None
+    if not isinstance(run_id, str) or not run_id:
+        raise TrackingError(f"{path}: run_id must be a non-empty string, got {run_id!r}")
+    return run_id
 
 
 def git_commit(cwd: Path | None = None) -> str | None:

@@ -7,7 +7,6 @@ JSON category ids and original image coordinates, and scored with pycocotools' `
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from pipelines.evaluation import TestTimeAugmentation, coco_evaluate, predict
 from pipelines.fileio import write_json
 from pipelines.loader import make_test_loader
 from pipelines.model import build_detector
-from pipelines.tracking import Tracker
+from pipelines.tracking import Tracker, read_run_id
 from pipelines.transforms import build_transforms
 
 log = logging.getLogger("evaluate")
@@ -44,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     p = load_params(args.params, world_size=world_size)
     m = p.model
 
+    run_id = read_run_id(args.run_file) if distributed.is_main_process() else None
     cache = AnnotationCache(args.cache / "val")
     state = checkpoint.load(args.model)
     if state.get("categories") != cache.categories:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         write_json(args.detections, detections, indent=None)
         write_json(args.metrics, {**metrics.stats, "per_category": metrics.per_category})
         write_json(args.plots, metrics.pr_curve)
-        tracker = Tracker.resume(json.loads(args.run_file.read_text())["run_id"])
+        tracker = Tracker.resume(run_id)
         tracker.log_metrics({f"eval/{k}": v for k, v in metrics.stats.items() if v is not None},
                             step=state.get("iteration", 0))
         tracker.log_metrics({f"eval/AP_{k}": v for k, v in metrics.per_category.items()}, step=state.get("iteration", 0))

@@ -18,12 +18,11 @@ from pipelines.annotation_cache import AnnotationCache
 from pipelines.config import load_params, to_flat_dict
 from pipelines.dataset import DetectionDataset
 from pipelines.engine import MetricLog, train
-from pipelines.fileio import write_json
 from pipelines.loader import make_train_loader
 from pipelines.model import build_detector
 from pipelines.preview import augmentation_preview
 from pipelines.solver import build_lr_scheduler, build_optimizer
-from pipelines.tracking import Tracker, tracking_uri
+from pipelines.tracking import Tracker, write_run_file
 from pipelines.transforms import build_transforms
 
 log = logging.getLogger("train")
@@ -73,9 +72,7 @@ def main(argv: list[str] | None = None) -> None:
             tracker.log_text(str(autoaug.policy), "augment_policy.txt")
         plain = DetectionDataset(cache, transforms=build_transforms(train=False, min_sizes=m.min_size_train,
                                                                     max_size=m.max_size_train), seed=p.seed)
-        names = [c["name"] for c in cache.categories]
-        indices = range(min(PREVIEW_SAMPLES, len(dataset)))
-        augmentation_preview(plain, dataset, indices=indices, iteration=t.max_iter, names=names, path=args.preview)
+        augmentation_preview(plain, dataset, count=PREVIEW_SAMPLES, iteration=t.max_iter, path=args.preview)
         tracker.log_artifact(args.preview, "preview")
     try:
         train(model, loader, optimizer, scheduler, device=device, max_iter=t.max_iter, ims_per_batch=t.ims_per_batch,
@@ -90,8 +87,7 @@ def main(argv: list[str] | None = None) -> None:
                         iteration=t.max_iter)
         tracker.log_artifact(final, "model")
         tracker.log_artifact(args.train_log)
-        write_json(args.out / "run.json", {"run_id": tracker.run_id, "tracking_uri": tracking_uri(),
-                                           "experiment": p.tracking.experiment})
+        write_run_file(args.out / "run.json", run_id=tracker.run_id, experiment=p.tracking.experiment)
         tracker.finish()
     distributed.shutdown()
 

@@ -39,3 +39,16 @@ def test_tracker_is_silent_off_the_main_process(tmp_path, monkeypatch):
     tracker.log_artifact(tmp_path / "absent")  # would raise if it reached MLflow
     tracker.finish()
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_run_file_round_trip_and_errors(tmp_path):
+    from pipelines.errors import TrackingError
+
+    tracking.write_run_file(tmp_path / "run.json", run_id="abc123", experiment="detection")
+    assert tracking.read_run_id(tmp_path / "run.json") == "abc123"
+    for content in ("", "{}", '{"run_id": 5}', "[1]"):
+        (tmp_path / "bad.json").write_text(content)
+        with pytest.raises(TrackingError, match="bad.json"):
+            tracking.read_run_id(tmp_path / "bad.json")
+    with pytest.raises(TrackingError, match="not a run file"):
+        tracking.read_run_id(tmp_path / "absent.json")

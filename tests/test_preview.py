@@ -20,8 +20,7 @@ def test_preview_grid_has_a_row_before_and_a_row_after(tiny_cache, tmp_path):
     plain = DetectionDataset(tiny_cache, transforms=build_transforms(train=False, min_sizes=[128], max_size=160))
     flipped = DetectionDataset(tiny_cache, transforms=build_transforms(train=True, min_sizes=[128], max_size=160,
                                                                        augment="flip", hflip_prob=1.0))
-    path = augmentation_preview(plain, flipped, indices=[0, 1, 2], iteration=5, names=[c["name"] for c in tiny_cache.categories],
-                                path=tmp_path / "p.png")
+    path = augmentation_preview(plain, flipped, count=3, iteration=5, path=tmp_path / "p.png")
     grid = decode_png(read_file(str(path)))
     assert grid.shape[0] == 3
     assert 2 * 128 <= grid.shape[1] <= 2 * 160 + 3 * 4 and 3 * 128 <= grid.shape[2] <= 3 * 160 + 4 * 4
