@@ -20,6 +20,18 @@ def require(path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def one_thread():
+    """Pin torch to one thread, as in data-loader workers; on a shared 2-core machine a second
+    intra-op thread only adds waits for tiny tensors."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def coco_real() -> tuple[Path, Path]:
     """``(annotations, image folder)`` of the 33 real COCO images."""

@@ -28,14 +28,7 @@ from pipelines.transforms import Compose, ResizeShorterSide, SampleContext
 MAX_ITER = 100
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The transform runs in data-loader workers with one thread; on a shared 2-core machine, a second
-    intra-op thread only adds waits for tiny tensors."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _policy(color=("Brightness", 0.0, 10), geometric=("hflip", 0.0, 1), zoom_out=(0.0, 9), zoom_in=(0.0, 3),

@@ -30,14 +30,7 @@ SPLITS = (2048, 10240, 51200)
 AREA = (7, 5, 1)  # the published area genes
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The transform runs in data-loader workers with one thread; on a shared 2-core machine, a second
-    intra-op thread only adds waits for tiny tensors."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _image(height, width, seed=0, low=0, high=256):
