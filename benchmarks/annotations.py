@@ -2,7 +2,7 @@
 
 One run measures, each in its own fresh process (medians of repeats):
 
-* opening: ``COCO(path)`` vs :class:`pipelines.annotation_cache.AnnotationCache`: wall time of the
+* opening: ``COCO(path)`` vs :class:`pipelines.data.annotation_cache.AnnotationCache`: wall time of the
   call, peak RSS of the process, and RSS added by the call and the random access below;
 * random access right after opening: the boxes of 10,000 random images, as numpy arrays
   (``imgToAnns[id]`` -> float32 array for pycocotools; ``annotations(index)`` -> boxes, labels
@@ -72,7 +72,7 @@ def child(kind: str, *, source: Path, cache: Path, accesses: int, seed: int) -> 
             np.array([a["bbox"] for a in coco.imgToAnns[image_id]], dtype=np.float32)
         result["access_us"] = (time.perf_counter() - start) / accesses * 1e6
     elif kind == "cache":
-        from pipelines.annotation_cache import AnnotationCache
+        from pipelines.data.annotation_cache import AnnotationCache
 
         base, _ = _rss_mb()
         start = time.perf_counter()
@@ -85,7 +85,7 @@ def child(kind: str, *, source: Path, cache: Path, accesses: int, seed: int) -> 
             fetch(index)
         result["access_us"] = (time.perf_counter() - start) / accesses * 1e6
     elif kind == "build":
-        from pipelines.annotation_cache import build_cache
+        from pipelines.data.annotation_cache import build_cache
 
         base, _ = _rss_mb()
         start = time.perf_counter()
@@ -142,7 +142,7 @@ def benchmark(*, source: Path, repeats: int, cache_repeats: int, accesses: int, 
                                for r in range(repeats)])
     figures["cache"] = medians([run_child("cache", source=source, cache=cache, accesses=accesses, seed=seed + r)
                                 for r in range(cache_repeats)])
-    from pipelines.annotation_cache import read_meta
+    from pipelines.data.annotation_cache import read_meta
 
     meta = read_meta(cache)
     coco, cached = figures["coco"], figures["cache"]

@@ -2,19 +2,20 @@
 
 At the configuration in ``params.yaml`` (or ``--params``), in one run:
 
-* training: the model's forward + backward + optimizer step on one thread (as each of the
-  ``train.nproc`` processes runs with ``OMP_NUM_THREADS=1``) at the per-process batch, on batches
+* training: :func:`pipelines.engine.train_step` (forward, backward, clip, optimizer step) on one
+  thread (as each of the ``train.nproc`` processes runs with ``OMP_NUM_THREADS=1``) at the
+  per-process batch, on batches
   from the real loader; images per second, median over steps after a warm-up. DDP's gradient
   all-reduce is not included, so this overstates what training consumes (the ratio is conservative);
-* the loader: :func:`pipelines.loader.make_train_loader` as the train stage builds it (decode,
+* the loader: :func:`pipelines.build.train_loader`, as the train stage builds it (decode,
   resize, augmentation preset, collate) with 0, 1 and 2 worker processes, drained as fast as
   possible after a warm-up; images per second of one training process, median of repeats. Batches
   are taken near the end of the schedule, so any augmentation that ramps up with the iteration
   runs at full strength;
-* decoders: ``torchvision.io.decode_image`` (libjpeg-turbo; what :mod:`pipelines.dataset` uses)
+* decoders: ``torchvision.io.decode_image`` (libjpeg-turbo; what :mod:`pipelines.data.dataset` uses)
   against PIL, alone and followed by the training transforms, milliseconds per image.
 
-Images are made by :func:`pipelines.synthetic.generate_split` in a temporary folder, with the
+Images are made by :func:`pipelines.data.synthetic.generate_split` in a temporary folder, with the
 params' synthetic dataset settings. ``--augment NAME`` replaces the params' ``augment`` section with
 ``conf/augment/NAME.yaml`` (e.g. ``sa_autoaug``). Usage::
 
@@ -24,6 +25,7 @@ params' synthetic dataset settings. ``--augment NAME`` replaces the params' ``au
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -37,14 +39,13 @@ import yaml
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
-from pipelines.annotation_cache import AnnotationCache, build_cache
+from pipelines import build
 from pipelines.config import Params, SyntheticDataset, params_from_dict
-from pipelines.dataset import DetectionDataset
-from pipelines.loader import make_train_loader, per_process_batch
-from pipelines.model import build_detector
-from pipelines.solver import build_lr_scheduler, build_optimizer
-from pipelines.synthetic import generate_split
-from pipelines.transforms import SampleContext, build_transforms
+from pipelines.data.annotation_cache import AnnotationCache, build_cache
+from pipelines.data.dataset import DetectionDataset
+from pipelines.data.synthetic import generate_split
+from pipelines.data.transforms import SampleContext
+from pipelines.engine import train_step
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_RATIO = 2.0
@@ -78,13 +79,6 @@ def load_benchmark_params(path: str | Path, *, augment: str | None = None) -> Pa
     return params_from_dict(raw, source=str(path))
 
 
-def training_transforms(p: Params):
-    """The training transforms exactly as ``stages/train.py`` builds them from the params."""
-    autoaug = p.augment.build_autoaug(max_iter=p.train.max_iter)
-    return build_transforms(train=True, min_sizes=p.model.min_size_train, max_size=p.model.max_size_train,
-                            augment=p.augment.name, hflip_prob=p.augment.hflip_prob, autoaug=autoaug)
-
-
 def make_dataset(p: Params, root: Path, *, images: int) -> DetectionDataset:
     """Generate ``images`` synthetic training images under ``root``, cache them, wrap them as the train stage does."""
     d = p.dataset
@@ -93,15 +87,17 @@ def make_dataset(p: Params, root: Path, *, images: int) -> DetectionDataset:
     source = root / "train.json"
     source.write_text(json.dumps(coco))
     build_cache(source, root / "cache", image_root=str(root / "images"), drop_empty=True)
-    return DetectionDataset(AnnotationCache(root / "cache"), transforms=training_transforms(p), seed=p.seed)
+    return DetectionDataset(AnnotationCache(root / "cache"), transforms=build.train_transforms(p), seed=p.seed)
 
 
 def _loader(p: Params, dataset: DetectionDataset, *, workers: int, batches: int):
-    t = p.train
-    start = max(t.max_iter - batches, 0)
-    return make_train_loader(dataset, ims_per_batch=t.ims_per_batch, max_iter=start + batches, start_iter=start,
-                             aspect_grouping=p.loader.aspect_grouping, num_workers=workers,
-                             size_divisibility=p.loader.size_divisibility, seed=p.seed, rank=0, world_size=t.nproc)
+    """The train stage's loader for rank 0 of ``train.nproc``, with ``workers`` workers, yielding the
+    last ``batches`` batches of the schedule."""
+    start = max(p.train.max_iter - batches, 0)
+    variant = dataclasses.replace(p, loader=dataclasses.replace(p.loader, num_workers=workers),
+                                  train=dataclasses.replace(p.train, max_iter=start + batches))
+    return build.train_loader(variant, dataset, rank=0, world_size=p.train.nproc, device=torch.device("cpu"),
+                              start_iter=start)
 
 
 def measure_decoders(dataset: DetectionDataset, *, repeats: int, iteration: int) -> dict:
@@ -133,28 +129,20 @@ def measure_decoders(dataset: DetectionDataset, *, repeats: int, iteration: int)
 
 def measure_training(p: Params, dataset: DetectionDataset, *, steps: int, warmup: int) -> dict:
     """Images per second of one training process: forward + backward + clip + step, one thread."""
-    t, m = p.train, p.model
+    t = p.train
     torch.manual_seed(p.seed)
-    model = build_detector(num_classes=len(dataset.cache.categories), **m.detector_kwargs())
-    optimizer = build_optimizer(model, name=t.optimizer, base_lr=t.base_lr, momentum=t.momentum,
-                                weight_decay=t.weight_decay, norm_weight_decay=t.norm_weight_decay)
-    scheduler = build_lr_scheduler(optimizer, schedule=t.lr_schedule, max_iter=t.max_iter, steps=list(t.steps),
-                                   gamma=t.gamma, warmup_iters=t.warmup_iters, warmup_factor=t.warmup_factor)
+    model = build.detector(p, num_classes=len(dataset.cache.categories))
+    optimizer = build.optimizer(p, model)
+    scheduler = build.scheduler(p, optimizer)
     batches = list(_loader(p, dataset, workers=0, batches=min(steps + warmup, 4)))
     model.train()
     times = []
     for step in range(warmup + steps):
         batch = batches[step % len(batches)]
         start = time.perf_counter()
-        losses = sum(model(batch.images, batch.image_sizes, batch.targets).values())
-        optimizer.zero_grad(set_to_none=True)
-        losses.backward()
-        if t.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_grad_norm)
-        optimizer.step()
-        scheduler.step()
+        train_step(model, batch, optimizer, scheduler, t.clip_grad_norm)
         times.append(time.perf_counter() - start)
-    batch_size = per_process_batch(t.ims_per_batch, t.nproc)
+    batch_size = t.ims_per_batch // t.nproc
     step_s = statistics.median(times[warmup:])
     return {"batch": batch_size, "step_s": step_s, "images_per_s": batch_size / step_s, "step_times_s": times[warmup:]}
 

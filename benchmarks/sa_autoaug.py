@@ -22,11 +22,12 @@ import time
 import numpy as np
 import torch
 
-from pipelines.autoaug import COLOR_OPS, GEO_OPS, PUBLISHED_POLICY, ScaleAwareAutoAugment, decode_policy
-from pipelines.autoaug.color import color_op_on_boxes
-from pipelines.autoaug.geometric import geometric_op
-from pipelines.autoaug.zoom import zoom_in, zoom_in_ratio, zoom_out, zoom_out_ratio
-from pipelines.transforms import SampleContext
+from pipelines.data.autoaug.augment import ScaleAwareAutoAugment
+from pipelines.data.autoaug.color import color_op_on_boxes
+from pipelines.data.autoaug.geometric import geometric_op
+from pipelines.data.autoaug.zoom import zoom_in, zoom_in_ratio, zoom_out, zoom_out_ratio
+from pipelines.data.transforms import SampleContext
+from pipelines.policy import COLOR_OPS, GEO_OPS, PUBLISHED_POLICY, decode_policy
 
 ORIGINAL_MEAN_MS = 9.5
 HEIGHT, WIDTH = 600, 800

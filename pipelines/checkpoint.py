@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +9,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError
+from .fileio import atomic_file
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -20,16 +19,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def save(path: str | Path, **state: Any) -> None:
     """``torch.save`` to a temporary file, then rename: a crash never leaves a truncated checkpoint."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp:
+        torch.save(state, str(tmp))
 
 
 def save_training_state(path: str | Path, *, model: nn.Module, optimizer, scheduler, iteration: int, **extra: Any) -> None:

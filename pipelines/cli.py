@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 
 from .errors import PipelineError
@@ -28,7 +27,10 @@ def setup_logging(rank: int = 0) -> None:
 def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
     """Run a stage's ``main``; a :class:`PipelineError` becomes one line on stderr and exit code 2.
 
-    Set ``PIPELINES_DEBUG=1`` to get the full traceback instead.
+    Under ``torchrun`` every failing process also records its error in the file torchrun names
+    (``TORCHELASTIC_ERROR_FILE``), so the message reaches the user even when another process fails
+    first and torchrun stops rank 0 before it prints. Set ``PIPELINES_DEBUG=1`` to get the full
+    traceback instead.
     """
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
@@ -37,10 +39,12 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
     except PipelineError as err:
         if os.environ.get(DEBUG_ENV):
             raise
+        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+            ErrorHandler().record_exception(err)
         if rank == 0:
             print(f"error: {err}", file=sys.stderr)
-        else:
-            time.sleep(2)  # let rank 0 print before torchrun stops the other processes
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -22,11 +22,12 @@ from omegaconf.errors import (
 )
 
 from .errors import ConfigError
+from .policy import decode_policy
 
 
 @dataclass
 class SyntheticDataset:
-    """The built-in shapes dataset, generated from a seed (see :mod:`pipelines.synthetic`)."""
+    """The built-in shapes dataset, generated from a seed (see :mod:`pipelines.data.synthetic`)."""
 
     name: str = MISSING
     source: str = MISSING  # the DVC dependency that stands for the data: the generator itself
@@ -73,12 +74,6 @@ class Model:
     detections_per_img: int = MISSING
     topk_candidates: int = MISSING
 
-    def detector_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`pipelines.model.build_detector` (the one config edge)."""
-        keys = ("backbone", "norm", "fpn_channels", "head_convs", "precision", "channels_last", "score_thresh",
-                "nms_thresh", "detections_per_img", "topk_candidates")
-        return {k: getattr(self, k) for k in keys}
-
 
 @dataclass
 class Augment:
@@ -90,15 +85,6 @@ class Augment:
     scale_splits: Optional[list[int]] = None  # box areas (pixels, resized image) between small/medium/large
     box_prob: Optional[float] = None
     filler_cache_mb: Optional[float] = None  # zoom_out filler images kept per loader process
-
-    def build_autoaug(self, *, max_iter: int):
-        """The Scale-aware AutoAugment transform of this preset, or ``None`` (the one config edge)."""
-        if self.name != "sa_autoaug":
-            return None
-        from .autoaug import ScaleAwareAutoAugment, decode_policy
-
-        return ScaleAwareAutoAugment(decode_policy(self.policy, self.n_subpolicies), scale_splits=self.scale_splits,
-                                     box_prob=self.box_prob, max_iter=max_iter, filler_cache_mb=self.filler_cache_mb)
 
 
 @dataclass
@@ -287,14 +273,14 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
         for key in ("policy", "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb"):
             if getattr(a, key) is None:
                 raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name=sa_autoaug)")
-        require(a.n_subpolicies >= 1, "augment.n_subpolicies", "at least 1", a.n_subpolicies)
         require(len(a.scale_splits) == 3 and list(a.scale_splits) == sorted(set(a.scale_splits)) and a.scale_splits[0] > 0,
                 "augment.scale_splits", "three increasing positive areas", a.scale_splits)
         require(0 <= a.box_prob <= 1, "augment.box_prob", "a probability in [0, 1]", a.box_prob)
         require(a.filler_cache_mb >= 0, "augment.filler_cache_mb", "a size in MB >= 0", a.filler_cache_mb)
-        from .autoaug import decode_policy
-
-        decode_policy(a.policy, a.n_subpolicies)  # gene errors name their position
+        try:
+            decode_policy(a.policy, a.n_subpolicies)  # the one check of the genes; errors name their position
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
 
     require(p.loader.num_workers >= 0, "loader.num_workers", "an integer >= 0", p.loader.num_workers)
     require(p.loader.size_divisibility >= 1, "loader.size_divisibility", "an integer >= 1", p.loader.size_divisibility)

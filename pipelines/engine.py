@@ -11,6 +11,7 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint
+from .data.collate import Batch
 from .distributed import is_main_process, reduce_loss_dict
 from .tracking import Tracker
 
@@ -41,11 +42,30 @@ class MetricLog:
             self._file.close()
 
 
+def train_step(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, scheduler,
+               clip_grad_norm: float = 0.0) -> dict[str, torch.Tensor]:
+    """One iteration: forward, backward of the summed losses, gradient clipping (if ``clip_grad_norm``
+    > 0), optimizer and scheduler step.
+
+    ``batch`` is a :class:`~pipelines.data.collate.Batch` on the model's device. Returns this
+    process's losses (detached scalars), before any reduction across processes.
+    """
+    loss_dict = model(batch.images, batch.image_sizes, batch.targets)
+    losses = sum(loss_dict.values())
+    optimizer.zero_grad(set_to_none=True)
+    losses.backward()
+    if clip_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    return {k: v.detach() for k, v in loss_dict.items()}
+
+
 def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, scheduler, *, device: torch.device,
           max_iter: int, start_iter: int = 0, ims_per_batch: int, log_period: int = 20, checkpoint_period: int = 1000,
           checkpoint_dir: str | Path, clip_grad_norm: float = 0.0, tracker: Tracker | None = None,
           metric_log: MetricLog | None = None) -> None:
-    """Train for ``max_iter - start_iter`` iterations, one batch each.
+    """Train for ``max_iter - start_iter`` iterations, one batch each (:func:`train_step`).
 
     Losses are averaged across processes (:func:`reduce_loss_dict`) and, on the main process, logged
     every ``log_period`` iterations with the learning rate and images per second (``ims_per_batch``
@@ -61,17 +81,8 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
     iteration = start_iter
     for batch in loader:
         iteration += 1
-        batch = batch.to(device, non_blocking=True)
-        loss_dict = model(batch.images, batch.image_sizes, batch.targets)
-        losses = sum(loss_dict.values())
-        reduced = reduce_loss_dict(loss_dict)
-
-        optimizer.zero_grad(set_to_none=True)
-        losses.backward()
-        if clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-        optimizer.step()
-        scheduler.step()
+        losses = train_step(model, batch.to(device, non_blocking=True), optimizer, scheduler, clip_grad_norm)
+        reduced = reduce_loss_dict(losses)
         window_iters += 1
 
         if main and (iteration % log_period == 0 or iteration == max_iter):

@@ -15,22 +15,12 @@ from torchvision.ops import batched_nms
 from torchvision.transforms.v2 import functional as F
 from tqdm import tqdm
 
-from .collate import pad_images
-from .transforms import resized_size
+from .data.collate import pad_images
+from .data.transforms import TestTimeAugmentation, resized_size
 
 log = logging.getLogger(__name__)
 
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
-
-
-@dataclass(frozen=True)
-class TestTimeAugmentation:
-    """The seed's BBOX_AUG: the test scale plus ``scales`` (shorter sides, longer at most
-    ``max_size``), each also flipped when ``flip``; detections merged by class-wise NMS."""
-
-    scales: tuple[int, ...] = ()
-    max_size: int = 1333
-    flip: bool = True
 
 
 def _detect_view(model, images: list[torch.Tensor], orig_sizes: list[tuple[int, int]], *, flip: bool,
@@ -50,7 +40,7 @@ def _detect_view(model, images: list[torch.Tensor], orig_sizes: list[tuple[int, 
 
 
 def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, size_divisibility: int = 32) -> list[dict]:
-    """Detections for a :class:`~pipelines.collate.Batch` in original image coordinates.
+    """Detections for a :class:`~pipelines.data.collate.Batch` in original image coordinates.
 
     With ``tta``, extra views are made from the batch's (already resized) images and merged per image
     by class-wise NMS at the model's threshold, keeping its ``detections_per_img`` best.

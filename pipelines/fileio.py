@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -35,14 +36,17 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (``.<name>.<random>``) to write; on success it replaces
+    ``path`` in one rename. If the body raises, the temporary file is removed and ``path`` is left
+    as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -50,7 +54,22 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data)
+
+
 def write_json(path: str | Path, obj: Any, *, indent: int | None = 2) -> None:
     """Write ``obj`` as JSON (keys in insertion order), atomically."""
     text = json.dumps(obj, indent=indent, separators=None if indent else (",", ":"))
     atomic_write_bytes(path, (text + "\n").encode())
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -17,8 +17,7 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import FrozenBatchNorm2d
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
-IMAGE_MEAN = (0.485, 0.456, 0.406)
-IMAGE_STD = (0.229, 0.224, 0.225)
+from .data.transforms import IMAGE_MEAN, IMAGE_STD
 
 NORM_LAYERS = {
     "batchnorm": nn.BatchNorm2d,

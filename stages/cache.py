@@ -13,8 +13,9 @@ import logging
 from pathlib import Path
 
 from pipelines import cli
-from pipelines.annotation_cache import build_cache, file_sha256, stale_reason
+from pipelines.data.annotation_cache import build_cache, stale_reason
 from pipelines.errors import DatasetError
+from pipelines.fileio import file_sha256
 
 log = logging.getLogger("cache")
 

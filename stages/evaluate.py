@@ -10,18 +10,14 @@ import argparse
 import logging
 from pathlib import Path
 
-
-from pipelines import checkpoint, cli, distributed
-from pipelines.annotation_cache import AnnotationCache
+from pipelines import build, checkpoint, cli, distributed
 from pipelines.config import load_params
-from pipelines.dataset import DetectionDataset
+from pipelines.data.annotation_cache import AnnotationCache
+from pipelines.data.dataset import DetectionDataset
 from pipelines.errors import CheckpointError
-from pipelines.evaluation import TestTimeAugmentation, coco_evaluate, predict
+from pipelines.evaluation import coco_evaluate, predict
 from pipelines.fileio import write_json
-from pipelines.loader import make_test_loader
-from pipelines.model import build_detector
 from pipelines.tracking import Tracker, read_run_id
-from pipelines.transforms import build_transforms
 
 log = logging.getLogger("evaluate")
 
@@ -41,29 +37,24 @@ def main(argv: list[str] | None = None) -> None:
     device = distributed.init_from_env()
     rank, world_size = distributed.get_rank(), distributed.get_world_size()
     p = load_params(args.params, world_size=world_size)
-    m = p.model
 
     run_id = read_run_id(args.run_file) if distributed.is_main_process() else None
     cache = AnnotationCache(args.cache / "val")
     state = checkpoint.load(args.model)
     if state.get("categories") != cache.categories:
         raise CheckpointError(f"{args.model}: trained on other categories than {args.cache / 'val'}")
-    model = build_detector(num_classes=len(cache.categories), **m.detector_kwargs())
+    model = build.detector(p, num_classes=len(cache.categories))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:
         raise CheckpointError(f"{args.model}: does not match params.yaml's model section ({str(err).splitlines()[0]})") from None
     model.to(device)
 
-    transforms = build_transforms(train=False, min_sizes=[m.min_size_test], max_size=m.max_size_test)
-    dataset = DetectionDataset(cache, transforms=transforms, seed=p.seed, skip_crowd=False)
-    loader = make_test_loader(dataset, ims_per_batch=p.evaluate.ims_per_batch, aspect_grouping=p.loader.aspect_grouping,
-                              num_workers=p.loader.num_workers, size_divisibility=p.loader.size_divisibility,
-                              seed=p.seed, rank=rank, world_size=world_size)
-    e = p.evaluate
-    tta = TestTimeAugmentation(tuple(e.tta_scales), e.tta_max_size, e.tta_flip) if e.tta else None
-    detections = predict(model, loader, device=device, category_ids=cache.category_ids, tta=tta,
-                         size_divisibility=p.loader.size_divisibility, progress=distributed.is_main_process())
+    dataset = DetectionDataset(cache, transforms=build.test_transforms(p), seed=p.seed, skip_crowd=False)
+    loader = build.test_loader(p, dataset, rank=rank, world_size=world_size)
+    detections = predict(model, loader, device=device, category_ids=cache.category_ids,
+                         tta=build.test_time_augmentation(p), size_divisibility=p.loader.size_divisibility,
+                         progress=distributed.is_main_process())
     gathered = distributed.gather_objects(detections)
     if gathered is not None:
         detections = [d for part in gathered for d in part]

@@ -12,10 +12,10 @@ import logging
 from pathlib import Path
 
 from pipelines import cli
-from pipelines.coco import validate_coco
 from pipelines.config import SyntheticDataset, load_params
+from pipelines.data.coco import validate_coco
+from pipelines.data.synthetic import generate_split
 from pipelines.fileio import atomic_dir, write_json
-from pipelines.synthetic import generate_split
 
 log = logging.getLogger("prepare")
 SPLITS = ("train", "val")

@@ -13,17 +13,13 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from pipelines import checkpoint, cli, distributed
-from pipelines.annotation_cache import AnnotationCache
+from pipelines import build, checkpoint, cli, distributed
 from pipelines.config import load_params, to_flat_dict
-from pipelines.dataset import DetectionDataset
+from pipelines.data.annotation_cache import AnnotationCache
+from pipelines.data.dataset import DetectionDataset
+from pipelines.data.preview import augmentation_preview
 from pipelines.engine import MetricLog, train
-from pipelines.loader import make_train_loader
-from pipelines.model import build_detector
-from pipelines.preview import augmentation_preview
-from pipelines.solver import build_lr_scheduler, build_optimizer
 from pipelines.tracking import Tracker, write_run_file
-from pipelines.transforms import build_transforms
 
 log = logging.getLogger("train")
 PREVIEW_SAMPLES = 6
@@ -41,23 +37,15 @@ def main(argv: list[str] | None = None) -> None:
     device = distributed.init_from_env()
     rank, world_size, main_process = distributed.get_rank(), distributed.get_world_size(), distributed.is_main_process()
     p = load_params(args.params, world_size=world_size)
-    m, t = p.model, p.train
+    t = p.train
     torch.manual_seed(p.seed)
 
     cache = AnnotationCache(args.cache / "train")
-    autoaug = p.augment.build_autoaug(max_iter=t.max_iter)
-    transforms = build_transforms(train=True, min_sizes=m.min_size_train, max_size=m.max_size_train,
-                                  augment=p.augment.name, hflip_prob=p.augment.hflip_prob, autoaug=autoaug)
-    dataset = DetectionDataset(cache, transforms=transforms, seed=p.seed)
-    loader = make_train_loader(dataset, ims_per_batch=t.ims_per_batch, max_iter=t.max_iter,
-                               aspect_grouping=p.loader.aspect_grouping, num_workers=p.loader.num_workers,
-                               size_divisibility=p.loader.size_divisibility, seed=p.seed, rank=rank,
-                               world_size=world_size, pin_memory=device.type == "cuda")
-    model = build_detector(num_classes=len(cache.categories), **m.detector_kwargs()).to(device)
-    optimizer = build_optimizer(model, name=t.optimizer, base_lr=t.base_lr, momentum=t.momentum,
-                                weight_decay=t.weight_decay, norm_weight_decay=t.norm_weight_decay)
-    scheduler = build_lr_scheduler(optimizer, schedule=t.lr_schedule, max_iter=t.max_iter, steps=list(t.steps),
-                                   gamma=t.gamma, warmup_iters=t.warmup_iters, warmup_factor=t.warmup_factor)
+    dataset = DetectionDataset(cache, transforms=build.train_transforms(p), seed=p.seed)
+    loader = build.train_loader(p, dataset, rank=rank, world_size=world_size, device=device)
+    model = build.detector(p, num_classes=len(cache.categories)).to(device)
+    optimizer = build.optimizer(p, model)
+    scheduler = build.scheduler(p, optimizer)
     if world_size > 1:
         model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     log.info("%d images, %d classes, %.1fM parameters, %d processes on %s, batch %d",
@@ -67,11 +55,10 @@ def main(argv: list[str] | None = None) -> None:
     tracker = Tracker.start(experiment=p.tracking.experiment, params=to_flat_dict(p), main_process=main_process)
     tracker.log_artifact(args.params)
     if main_process:
-        if autoaug is not None:
-            log.info("Scale-aware AutoAugment policy:\n%s", autoaug.policy)
-            tracker.log_text(str(autoaug.policy), "augment_policy.txt")
-        plain = DetectionDataset(cache, transforms=build_transforms(train=False, min_sizes=m.min_size_train,
-                                                                    max_size=m.max_size_train), seed=p.seed)
+        if (policy := build.policy(p)) is not None:
+            log.info("Scale-aware AutoAugment policy:\n%s", policy)
+            tracker.log_text(str(policy), "augment_policy.txt")
+        plain = DetectionDataset(cache, transforms=build.train_transforms(p, augment=False), seed=p.seed)
         augmentation_preview(plain, dataset, count=PREVIEW_SAMPLES, iteration=t.max_iter, path=args.preview)
         tracker.log_artifact(args.preview, "preview")
     try:

@@ -47,7 +47,7 @@ def known_answer() -> Path:
 @pytest.fixture(scope="session")
 def tiny_synthetic(tmp_path_factory) -> tuple[Path, Path, dict]:
     """A 12-image synthetic split: ``(annotations path, image folder, coco dict)``."""
-    from pipelines.synthetic import generate_split
+    from pipelines.data.synthetic import generate_split
 
     root = tmp_path_factory.mktemp("synthetic")
     coco = generate_split(root / "images", split="train", size=12, seed=3, num_classes=5, min_side=256,
@@ -60,7 +60,7 @@ def tiny_synthetic(tmp_path_factory) -> tuple[Path, Path, dict]:
 @pytest.fixture(scope="session")
 def tiny_cache(tiny_synthetic, tmp_path_factory):
     """An :class:`AnnotationCache` of the tiny synthetic split (training: empty images dropped)."""
-    from pipelines.annotation_cache import AnnotationCache, build_cache, file_sha256
+    from pipelines.data.annotation_cache import AnnotationCache, build_cache, file_sha256
 
     path, images, coco = tiny_synthetic
     out = tmp_path_factory.mktemp("cache") / "train"

@@ -9,17 +9,10 @@ import pytest
 from pycocotools.coco import COCO
 
 from benchmarks.coco_scale import write_coco_scale
-from pipelines.annotation_cache import (
-    FORMAT_VERSION,
-    AnnotationCache,
-    build_cache,
-    file_sha256,
-    is_up_to_date,
-    read_meta,
-    stale_reason,
-)
-from pipelines.coco import validate_coco
+from pipelines.data.annotation_cache import FORMAT_VERSION, AnnotationCache, build_cache, read_meta, stale_reason
+from pipelines.data.coco import validate_coco
 from pipelines.errors import CacheError, DatasetError
+from pipelines.fileio import file_sha256
 
 
 def _pycocotools(path) -> COCO:
@@ -38,7 +31,7 @@ def _assert_matches_pycocotools(cache: AnnotationCache, json_path, *, drop_empty
     assert cache.category_ids == sorted(coco.getCatIds())
     for index, image_id in enumerate(expected_ids):
         info = coco.imgs[image_id]
-        assert cache.size(index) == (info["width"], info["height"])
+        assert cache.sizes[index].tolist() == [info["width"], info["height"]]
         assert cache.file_name(index) == info["file_name"]
         assert cache.aspect_groups[index] == (info["height"] >= info["width"])
         anns = coco.imgToAnns[image_id]
@@ -47,8 +40,6 @@ def _assert_matches_pycocotools(cache: AnnotationCache, json_path, *, drop_empty
         np.testing.assert_array_equal(boxes, want.reshape(-1, 4))
         assert labels.tolist() == [label_of[a["category_id"]] for a in anns]
         assert crowd.tolist() == [bool(a["iscrowd"]) for a in anns]
-        start, end = cache._box_offsets[index], cache._box_offsets[index + 1]
-        np.testing.assert_array_equal(cache.areas[start:end], np.array([a["area"] for a in anns], dtype=np.float32))
     assert len(cache.boxes) == sum(len(coco.imgToAnns[i]) for i in expected_ids)
 
 
@@ -91,7 +82,7 @@ def test_round_trip_on_synthetic(tiny_synthetic, tiny_cache, tmp_path):
     _assert_matches_pycocotools(tiny_cache, path, drop_empty=True)
     build_cache(path, tmp_path / "cache", image_root=str(images), drop_empty=True)
     from_path = AnnotationCache(tmp_path / "cache")
-    for name in ("image_ids", "sizes", "boxes", "labels", "crowd", "areas"):
+    for name in ("image_ids", "sizes", "boxes", "labels", "crowd"):
         np.testing.assert_array_equal(getattr(from_path, name), getattr(tiny_cache, name))
 
 
@@ -147,9 +138,9 @@ def test_truncated_array_is_detected(cache_copy):
     (folder / "boxes.npy").write_bytes(data[: len(data) // 2])
     with pytest.raises(CacheError, match=r"boxes.npy: corrupt or truncated"):
         AnnotationCache(folder)
-    assert not is_up_to_date(folder, **settings)
+    assert stale_reason(folder, **settings) is not None
     build_cache(source, folder, **settings)  # what the stage does
-    assert is_up_to_date(folder, **settings)
+    assert stale_reason(folder, **settings) is None
     assert len(AnnotationCache(folder)) == 12
 
 
@@ -201,7 +192,7 @@ def test_wrong_shape_missing_file_and_other_version_are_detected(cache_copy):
         (folder / "meta.json").write_text(json.dumps(meta))
         with pytest.raises(CacheError, match=f"cache format version {version}, expected {FORMAT_VERSION}"):
             AnnotationCache(folder)
-        assert not is_up_to_date(folder, **settings)
+        assert stale_reason(folder, **settings) is not None
 
     (folder / "meta.json").write_text("{not json")
     with pytest.raises(CacheError, match="meta.json: corrupt"):
@@ -217,9 +208,9 @@ def test_wrong_shape_missing_file_and_other_version_are_detected(cache_copy):
 
 def test_changed_source_or_settings_are_not_up_to_date(cache_copy):
     folder, _, settings = cache_copy
-    assert is_up_to_date(folder, **settings)
+    assert stale_reason(folder, **settings) is None
     assert "another version of the source" in stale_reason(folder, **{**settings, "source_sha256": "0" * 64})
-    assert not is_up_to_date(folder, **{**settings, "drop_empty": False})
+    assert stale_reason(folder, **{**settings, "drop_empty": False}) is not None
 
 
 def test_a_failed_build_leaves_the_old_cache_alone(cache_copy, tmp_path):
@@ -257,10 +248,10 @@ def test_build_reports_bad_input_naming_the_file(tiny_synthetic, tmp_path):
     with pytest.raises(DatasetError, match=r"bad.json: duplicate image id"):
         build_cache(bad, out, image_root="x", drop_empty=True)
 
-    no_area = json.loads(path.read_text())
-    del no_area["annotations"][2]["area"]
-    bad.write_text(json.dumps(no_area))
-    with pytest.raises(DatasetError, match=r"bad.json: not a validated COCO file \(KeyError: 'area'\)"):
+    no_crowd = json.loads(path.read_text())
+    del no_crowd["annotations"][2]["iscrowd"]
+    bad.write_text(json.dumps(no_crowd))
+    with pytest.raises(DatasetError, match=r"bad.json: not a validated COCO file \(KeyError: 'iscrowd'\)"):
         build_cache(bad, out, image_root="x", drop_empty=True)
 
     short_box = json.loads(path.read_text())

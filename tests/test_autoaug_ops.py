@@ -10,13 +10,12 @@ import torch.nn.functional as F
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from pipelines.autoaug import COLOR_OPS
-from pipelines.autoaug._pixels import MEAN_PIXEL
-from pipelines.autoaug.blend import BLEND_AREA_RATIOS, WINDOW_SIGMAS, color_gaussians, paste_weights
-from pipelines.autoaug.color import apply_color_op, color_op_on_boxes, color_transform, enhance_factor
-from pipelines.autoaug.geometric import affine_crop, geometric_op
-from pipelines.autoaug.selection import scale_buckets, select_boxes, selection_probabilities
-from pipelines.autoaug.zoom import (
+from pipelines.data.autoaug._pixels import MEAN_PIXEL
+from pipelines.data.autoaug.blend import BLEND_AREA_RATIOS, WINDOW_SIGMAS, color_gaussians, paste_weights
+from pipelines.data.autoaug.color import apply_color_op, color_op_on_boxes, color_transform, enhance_factor
+from pipelines.data.autoaug.geometric import affine_crop, geometric_op
+from pipelines.data.autoaug.selection import scale_buckets, select_boxes, selection_probabilities
+from pipelines.data.autoaug.zoom import (
     ZOOM_IN_RATIOS,
     ZOOM_OUT_RATIOS,
     resize,
@@ -25,6 +24,7 @@ from pipelines.autoaug.zoom import (
     zoom_out,
     zoom_out_ratio,
 )
+from pipelines.policy import COLOR_OPS
 
 SPLITS = (2048, 10240, 51200)
 AREA = (7, 5, 1)  # the published area genes

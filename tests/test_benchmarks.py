@@ -11,6 +11,7 @@ import yaml
 from benchmarks import annotations as annotations_benchmark
 from benchmarks import loader as loader_benchmark
 from benchmarks.coco_scale import COCO_CATEGORY_IDS, make_coco_scale, write_coco_scale
+from pipelines import build
 
 from .conftest import REPO
 
@@ -81,10 +82,10 @@ def test_loader_benchmark_reports_every_figure(tmp_path, capsys):
 
 
 def test_decoders_agree_with_the_dataset(tiny_cache, coco_real):
-    from pipelines.dataset import DetectionDataset
-    from pipelines.transforms import build_transforms
+    from pipelines.data.dataset import DetectionDataset
+    from pipelines.data.transforms import build_transforms
 
-    dataset = DetectionDataset(tiny_cache, transforms=build_transforms(train=False, min_sizes=[320], max_size=416))
+    dataset = DetectionDataset(tiny_cache, transforms=build_transforms(min_sizes=[320], max_size=416))
     path = str(tiny_cache.image_path(0))
     image, _ = dataset.load(0)
     for decode in loader_benchmark.DECODERS.values():
@@ -102,10 +103,10 @@ def test_decoders_agree_with_the_dataset(tiny_cache, coco_real):
 def test_loader_benchmark_swaps_the_augment_preset(name):
     p = loader_benchmark.load_benchmark_params(REPO / "params.yaml", augment=name)
     assert p.augment.name == name
-    transforms = loader_benchmark.training_transforms(p)
+    transforms = build.train_transforms(p)  # as the benchmark and the train stage build them
     image = torch.zeros(3, 64, 80, dtype=torch.uint8)
     target = {"boxes": torch.tensor([[1.0, 2.0, 30.0, 40.0]]), "labels": torch.tensor([1])}
-    from pipelines.transforms import SampleContext
+    from pipelines.data.transforms import SampleContext
 
     out, out_target = transforms(image, target, SampleContext(rng=np.random.default_rng(0)))
     assert min(out.shape[-2:]) == p.model.min_size_train[0] and len(out_target["boxes"]) == 1

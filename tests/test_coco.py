@@ -4,7 +4,7 @@ import json
 import pytest
 from PIL import Image
 
-from pipelines.coco import validate_coco
+from pipelines.data.coco import validate_coco
 from pipelines.errors import DatasetError
 
 

@@ -1,6 +1,6 @@
 import torch
 
-from pipelines.collate import BatchCollator, pad_images
+from pipelines.data.collate import BatchCollator, pad_images
 
 
 def test_pads_to_a_multiple_of_size_divisibility_with_zeros():

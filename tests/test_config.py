@@ -1,4 +1,6 @@
 import copy
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -68,6 +70,12 @@ def _broken(raw: dict, dotted: str, value) -> dict:
         ("dataset.colour", "red", "dataset.colour: unknown key"),
         ("loader.num_workers", -1, "loader.num_workers"),
         ("evaluate.ims_per_batch", 3, "evaluate.ims_per_batch"),
+        ("augment.scale_splits", [2048, 1024, 51200], "augment.scale_splits: expected three increasing positive areas"),
+        ("augment.box_prob", 1.5, "augment.box_prob: expected a probability in [0, 1], got 1.5"),
+        ("augment.filler_cache_mb", -1, "augment.filler_cache_mb: expected a size in MB >= 0, got -1"),
+        ("augment.n_subpolicies", 0, "augment.n_subpolicies: expected a positive integer, got 0"),
+        ("augment.policy", [10] + [0] * 39, "augment.policy[0]: expected an integer 0..9, got 10"),
+        ("augment.policy", [0] * 39, "augment.policy: expected 40 genes for 5 sub-policies"),
     ],
 )
 def test_bad_values_stop_with_one_line_naming_the_key(raw_params, key, value, message):
@@ -103,14 +111,19 @@ def test_missing_and_malformed_files(tmp_path):
 def test_sa_autoaug_preset_composes_and_requires_its_settings():
     composed = yaml.safe_load(compose_params(REPO, ["augment=sa_autoaug"]))
     assert composed["augment"]["name"] == "sa_autoaug" and len(composed["augment"]["policy"]) == 40
-    params = params_from_dict(composed)
-    assert params.augment.build_autoaug(max_iter=10) is not None
+    assert params_from_dict(composed).augment.policy == composed["augment"]["policy"]
     del composed["augment"]["box_prob"]
     with pytest.raises(ConfigError, match="augment.box_prob: missing value"):
         params_from_dict(composed)
 
 
-@pytest.mark.parametrize("preset", ["none", "flip"])
-def test_other_presets_have_no_autoaug(preset):
-    params = params_from_dict(yaml.safe_load(compose_params(REPO, [f"augment={preset}"])))
-    assert params.augment.name == preset and params.augment.build_autoaug(max_iter=10) is None
+
+def test_loading_and_validating_params_imports_neither_torch_nor_torchvision():
+    """``python -m pipelines.config`` runs before torchrun and in every stage: it must stay light."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "pipelines.config", "--params",
+                           str(REPO / "params.yaml")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "pipelines.policy" in imported and "omegaconf" in imported  # the measurement works
+    heavy = sorted(name for name in imported if name.split(".")[0] in ("torch", "torchvision"))
+    assert not heavy, f"validating params imports {heavy[:5]}"

@@ -3,12 +3,12 @@ import json
 import pytest
 import torch
 
-from pipelines.annotation_cache import AnnotationCache, build_cache
-from pipelines.coco import load_json, validate_coco
-from pipelines.dataset import DetectionDataset
+from pipelines.data.annotation_cache import AnnotationCache, build_cache
+from pipelines.data.coco import read_annotations, validate_coco
+from pipelines.data.dataset import DetectionDataset
 from pipelines.evaluation import STAT_NAMES, coco_evaluate, predict
-from pipelines.loader import make_test_loader
-from pipelines.transforms import build_transforms
+from pipelines.data.loader import make_test_loader
+from pipelines.data.transforms import build_transforms
 
 
 def test_reproduces_the_known_answer(known_answer):
@@ -25,7 +25,7 @@ def test_reproduces_the_known_answer(known_answer):
 
 def test_ground_truth_as_detections_scores_one(coco_real):
     annotations, _ = coco_real
-    gt = load_json(annotations)
+    gt, _ = read_annotations(annotations)
     detections = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
                   for a in gt["annotations"] if not a.get("iscrowd")]
     metrics = coco_evaluate(str(annotations), detections)
@@ -58,8 +58,8 @@ def test_predict_maps_boxes_and_labels_back_to_the_json(coco_real, tmp_path):
     (tmp_path / "val.json").write_text(json.dumps(cleaned))
     build_cache(cleaned, tmp_path / "cache", image_root=str(images), source_sha256="x", drop_empty=False)
     dataset = DetectionDataset(AnnotationCache(tmp_path / "cache"), skip_crowd=True,
-                               transforms=build_transforms(train=False, min_sizes=[320], max_size=512))
-    batches = list(make_test_loader(dataset, ims_per_batch=4))
+                               transforms=build_transforms(min_sizes=[320], max_size=512))
+    batches = list(make_test_loader(dataset, batch_size=4))
     detections = predict(_Oracle(batches), batches, device=torch.device("cpu"),
                          category_ids=dataset.cache.category_ids, progress=False)
     assert {d["category_id"] for d in detections} <= {c["id"] for c in cleaned["categories"]}
@@ -83,7 +83,7 @@ class _BrightSquareDetector(torch.nn.Module):
 
 
 def test_test_time_augmentation_maps_every_view_back_and_merges(tmp_path):
-    from pipelines.collate import BatchCollator
+    from pipelines.data.collate import BatchCollator
     from pipelines.evaluation import TestTimeAugmentation, detect
 
     image = torch.zeros(3, 300, 400, dtype=torch.uint8)

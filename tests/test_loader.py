@@ -1,16 +1,16 @@
 import pytest
 import torch
 
-from pipelines.autoaug import PUBLISHED_POLICY, ScaleAwareAutoAugment, decode_policy
-from pipelines.dataset import DetectionDataset
-from pipelines.errors import ConfigError
-from pipelines.loader import make_test_loader, make_train_loader, per_process_batch
-from pipelines.transforms import build_transforms
+from pipelines.data.autoaug.augment import ScaleAwareAutoAugment
+from pipelines.data.dataset import DetectionDataset
+from pipelines.data.loader import make_test_loader, make_train_loader
+from pipelines.data.transforms import Compose, RandomHorizontalFlip, build_transforms
+from pipelines.policy import PUBLISHED_POLICY, decode_policy
 
 
 @pytest.fixture
 def train_set(tiny_cache):
-    transforms = build_transforms(train=True, min_sizes=[160, 192], max_size=256, augment="flip", hflip_prob=0.5)
+    transforms = build_transforms(min_sizes=[160, 192], max_size=256, augment=RandomHorizontalFlip(0.5))
     return DetectionDataset(tiny_cache, transforms=transforms, seed=11)
 
 
@@ -19,7 +19,7 @@ def _collect(loader):
 
 
 def test_train_loader_yields_exactly_max_iter_padded_batches(train_set):
-    batches = list(make_train_loader(train_set, ims_per_batch=4, max_iter=7, world_size=2, rank=1, seed=0,
+    batches = list(make_train_loader(train_set, batch_size=2, max_iter=7, world_size=2, rank=1, seed=0,
                                      size_divisibility=32))
     assert len(batches) == 7
     for batch in batches:
@@ -35,7 +35,7 @@ def test_train_loader_yields_exactly_max_iter_padded_batches(train_set):
 
 
 def test_samples_do_not_depend_on_the_number_of_workers(train_set):
-    kwargs = dict(ims_per_batch=2, max_iter=5, seed=0)
+    kwargs = dict(batch_size=2, max_iter=5, seed=0)
     in_process = _collect(make_train_loader(train_set, num_workers=0, **kwargs))
     two_workers = _collect(make_train_loader(train_set, num_workers=2, **kwargs))
     assert len(in_process) == len(two_workers) == 5
@@ -47,11 +47,13 @@ def test_samples_do_not_depend_on_the_number_of_workers(train_set):
 @pytest.mark.parametrize("augment", ["flip", "sa_autoaug"])
 def test_resumed_loader_continues_with_identical_samples(tiny_cache, augment):
     """Resuming at iteration 5 gives the very batches (and augmentation ramp) of an uninterrupted run."""
-    autoaug = ScaleAwareAutoAugment(decode_policy(PUBLISHED_POLICY), max_iter=8) if augment == "sa_autoaug" else None
-    transforms = build_transforms(train=True, min_sizes=[160], max_size=256, augment=augment, autoaug=autoaug)
+    flip = RandomHorizontalFlip(0.5)
+    autoaug = ScaleAwareAutoAugment(decode_policy(PUBLISHED_POLICY), max_iter=8)
+    transforms = build_transforms(min_sizes=[160], max_size=256,
+                                  augment=Compose([flip, autoaug]) if augment == "sa_autoaug" else flip)
     train_set = DetectionDataset(tiny_cache, transforms=transforms, seed=11)
-    full = _collect(make_train_loader(train_set, ims_per_batch=2, max_iter=8, seed=0))
-    resumed = _collect(make_train_loader(train_set, ims_per_batch=2, max_iter=8, start_iter=5, seed=0))
+    full = _collect(make_train_loader(train_set, batch_size=2, max_iter=8, seed=0))
+    resumed = _collect(make_train_loader(train_set, batch_size=2, max_iter=8, start_iter=5, seed=0))
     assert len(resumed) == 3
     for (ia, ba, xa), (ib, bb, xb) in zip(full[5:], resumed):
         assert xa == xb and torch.equal(ia, ib)
@@ -59,17 +61,11 @@ def test_resumed_loader_continues_with_identical_samples(tiny_cache, augment):
 
 
 def test_test_loader_covers_every_image_once_across_ranks(tiny_cache):
-    dataset = DetectionDataset(tiny_cache, transforms=build_transforms(train=False, min_sizes=[160], max_size=256),
+    dataset = DetectionDataset(tiny_cache, transforms=build_transforms(min_sizes=[160], max_size=256),
                                skip_crowd=False)
     seen = []
     for rank in range(2):
-        for batch in make_test_loader(dataset, ims_per_batch=4, world_size=2, rank=rank):
+        for batch in make_test_loader(dataset, batch_size=2, world_size=2, rank=rank):
             assert len(batch.indices) <= 2
             seen += batch.indices
     assert sorted(seen) == list(range(len(dataset)))
-
-
-def test_batch_must_split_evenly():
-    assert per_process_batch(8, 2) == 4
-    with pytest.raises(ConfigError, match="7 images per batch cannot be split evenly across 2 processes"):
-        per_process_batch(7, 2, "train.ims_per_batch")

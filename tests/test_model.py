@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from pipelines.collate import pad_images
+from pipelines.data.collate import pad_images
 from pipelines.model import build_detector
 
 

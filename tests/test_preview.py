@@ -1,9 +1,9 @@
 import torch
 from torchvision.io import decode_png, read_file
 
-from pipelines.dataset import DetectionDataset
-from pipelines.preview import augmentation_preview, draw_sample
-from pipelines.transforms import build_transforms
+from pipelines.data.dataset import DetectionDataset
+from pipelines.data.preview import augmentation_preview, draw_sample
+from pipelines.data.transforms import RandomHorizontalFlip, build_transforms
 
 
 def test_draw_sample_outlines_boxes():
@@ -17,9 +17,9 @@ def test_draw_sample_outlines_boxes():
 
 
 def test_preview_grid_has_a_row_before_and_a_row_after(tiny_cache, tmp_path):
-    plain = DetectionDataset(tiny_cache, transforms=build_transforms(train=False, min_sizes=[128], max_size=160))
-    flipped = DetectionDataset(tiny_cache, transforms=build_transforms(train=True, min_sizes=[128], max_size=160,
-                                                                       augment="flip", hflip_prob=1.0))
+    plain = DetectionDataset(tiny_cache, transforms=build_transforms(min_sizes=[128], max_size=160))
+    flipped = DetectionDataset(tiny_cache, transforms=build_transforms(min_sizes=[128], max_size=160,
+                                                                       augment=RandomHorizontalFlip(1.0)))
     path = augmentation_preview(plain, flipped, count=3, iteration=5, path=tmp_path / "p.png")
     grid = decode_png(read_file(str(path)))
     assert grid.shape[0] == 3

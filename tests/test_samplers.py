@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from torch.utils.data import BatchSampler
 
-from pipelines.samplers import DistributedSampler, GroupedBatchSampler, InferenceSampler, IterationBasedBatchSampler
+from pipelines.data.samplers import DistributedSampler, GroupedBatchSampler, InferenceSampler, IterationBasedBatchSampler
 
 
 def _train_batches(size=50, groups=None, batch=4, iters=40, start=0, rank=0, world=1, seed=0):

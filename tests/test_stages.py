@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from pipelines.annotation_cache import AnnotationCache
+from pipelines.data.annotation_cache import AnnotationCache
 
 from .conftest import REPO
 

@@ -4,8 +4,8 @@ import json
 import numpy as np
 from PIL import Image
 
-from pipelines.coco import LARGE_AREA, SMALL_AREA
-from pipelines.synthetic import CATEGORY_IDS, generate_split
+from pipelines.data.coco import LARGE_AREA, SMALL_AREA
+from pipelines.data.synthetic import CATEGORY_IDS, generate_split
 
 ARGS = dict(split="val", size=10, num_classes=5, min_side=256, max_side=416, min_objects=2, max_objects=8)
 

@@ -1,8 +1,7 @@
 import numpy as np
-import pytest
 import torch
 
-from pipelines.transforms import RandomHorizontalFlip, ResizeShorterSide, SampleContext, build_transforms, resized_size
+from pipelines.data.transforms import RandomHorizontalFlip, ResizeShorterSide, SampleContext, build_transforms, resized_size
 
 
 def _sample(height=300, width=400):
@@ -40,9 +39,11 @@ def test_flip_mirrors_pixels_and_boxes():
     assert same is image and t0 is target
 
 
-def test_presets():
-    assert "RandomHorizontalFlip" in repr(build_transforms(train=True, min_sizes=[320], max_size=416, augment="flip"))
-    assert "RandomHorizontalFlip" not in repr(build_transforms(train=False, min_sizes=[320], max_size=416, augment="flip"))
-    assert "RandomHorizontalFlip" not in repr(build_transforms(train=True, min_sizes=[320], max_size=416, augment="none"))
-    with pytest.raises(ValueError, match="unknown augmentation preset 'mosaic'"):
-        build_transforms(train=True, min_sizes=[320], max_size=416, augment="mosaic")
+def test_build_transforms_resizes_then_augments():
+    image, target = _sample()
+    plain = build_transforms(min_sizes=[100], max_size=416)
+    flipped = build_transforms(min_sizes=[100], max_size=416, augment=RandomHorizontalFlip(1.0))
+    assert repr(plain) == "Compose(ResizeShorterSide(min_sizes=[100], max_size=416))"
+    small, _ = plain(image, target, SampleContext(np.random.default_rng(0)))
+    mirrored, _ = flipped(image, target, SampleContext(np.random.default_rng(0)))
+    assert min(small.shape[-2:]) == 100 and torch.equal(mirrored, small.flip(-1))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model import IMAGE_MEAN
+from ..transforms import IMAGE_MEAN
 
 # The mean pixel (RGB, 0..255) the detector subtracts: empty areas filled with it normalise to
 # zero, which is what the original's fill (applied after normalisation) amounts to.

@@ -19,6 +19,11 @@ from torchvision.transforms.v2 import functional as F
 
 Target = dict[str, torch.Tensor]
 
+# The per-channel statistics (RGB, 0..1) the detector normalises with; pixel-creating transforms
+# fill with the mean so that empty areas normalise to zero.
+IMAGE_MEAN = (0.485, 0.456, 0.406)
+IMAGE_STD = (0.229, 0.224, 0.225)
+
 
 @dataclass
 class SampleContext:
@@ -96,27 +101,18 @@ class RandomHorizontalFlip:
         return f"RandomHorizontalFlip(prob={self.prob})"
 
 
-AUGMENT_PRESETS = ("none", "flip", "sa_autoaug")
+def build_transforms(*, min_sizes: Sequence[int], max_size: int, augment: Callable | None = None) -> Compose:
+    """Resize by the shorter side (one of ``min_sizes``, longer side at most ``max_size``), then
+    ``augment`` if given: the training augmentation, a transform like those here (see
+    :func:`pipelines.build.augmentation` for the presets)."""
+    return Compose([ResizeShorterSide(min_sizes, max_size), *([augment] if augment is not None else [])])
 
 
-def build_transforms(*, train: bool, min_sizes: Sequence[int], max_size: int, augment: str = "none",
-                     hflip_prob: float = 0.5, autoaug: Callable | None = None) -> Compose:
-    """The base transforms: resize by the shorter side, then (training only) the augmentation preset.
+@dataclass(frozen=True)
+class TestTimeAugmentation:
+    """The seed's BBOX_AUG: the test scale plus ``scales`` (shorter sides, longer at most
+    ``max_size``), each also flipped when ``flip``; detections merged by class-wise NMS."""
 
-    Presets: ``none``; ``flip`` (horizontal flip with ``hflip_prob``); ``sa_autoaug`` (flip, then
-    ``autoaug``, a :class:`pipelines.autoaug.ScaleAwareAutoAugment`, on the resized image as in the
-    original).
-
-    Raises:
-        ValueError: for an unknown preset name, or ``sa_autoaug`` without ``autoaug``.
-    """
-    if augment not in AUGMENT_PRESETS:
-        raise ValueError(f"unknown augmentation preset {augment!r}; expected one of {', '.join(AUGMENT_PRESETS)}")
-    if augment == "sa_autoaug" and autoaug is None:
-        raise ValueError("augmentation preset 'sa_autoaug' needs its ScaleAwareAutoAugment transform")
-    transforms = [ResizeShorterSide(min_sizes, max_size)]
-    if train and augment in ("flip", "sa_autoaug"):
-        transforms.append(RandomHorizontalFlip(hflip_prob))
-    if train and augment == "sa_autoaug":
-        transforms.append(autoaug)
-    return Compose(transforms)
+    scales: tuple[int, ...] = ()
+    max_size: int = 1333
+    flip: bool = True

@@ -3,7 +3,7 @@
 ``hflip``, ``rotate`` (``level / 10 * 30`` degrees), ``shearX`` and ``shearY`` (``level / 10 * 15``
 degrees) transform the crop under each selected box about its centre, with bilinear sampling
 that fills from outside the crop with the mean pixel, and paste it back onto the box with a
-Gaussian blend (see :func:`pipelines.autoaug.blend.paste_weights`); boxes do not move.
+Gaussian blend (see :func:`pipelines.data.autoaug.blend.paste_weights`); boxes do not move.
 
 ``translateX`` and ``translateY`` (``level / 10 * 120`` pixels) leave each selected object in
 place and paste a shifted copy of its box content (with the same Gaussian blend), appending a box
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ._boxes import clip_visible
 from ._pixels import MEAN_PIXEL
 from .blend import Rect, blend_patch, paste_weights
-from .policy import GEO_OPS
+from ...policy import GEO_OPS
 
 MAX_LEVEL = 10.0
 ROTATE_MAX_DEGREES = 30.0

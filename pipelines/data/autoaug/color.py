@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .blend import Rect, blend_gaussians, color_gaussians
-from .policy import COLOR_OPS
+from ...policy import COLOR_OPS
 
 GREY_WEIGHTS = (0.2989, 0.587, 0.114)  # R, G, B
 SOLARIZE_ADD_MAX = 0.4296875  # 110 / 256 on a 0..1 scale

@@ -21,9 +21,8 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 # The order matters: op genes are taken modulo the length of these tuples.
 COLOR_OPS = ("AutoContrast", "Equalize", "SolarizeAdd", "Color", "Contrast", "Brightness", "Sharpness")
@@ -54,9 +53,6 @@ class ZoomOp:
     def __str__(self) -> str:
         return f"p={self.prob:.2f} level={self.level}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"prob": self.prob, "level": self.level}
-
 
 @dataclass(frozen=True)
 class BoxOp:
@@ -69,9 +65,6 @@ class BoxOp:
     def __str__(self) -> str:
         return f"{self.name} p={self.prob:.1f} level={self.level}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "prob": self.prob, "level": self.level}
-
 
 @dataclass(frozen=True)
 class SubPolicy:
@@ -82,9 +75,6 @@ class SubPolicy:
 
     def __str__(self) -> str:
         return f"{self.color}, then {self.geometric}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"color": self.color.to_dict(), "geometric": self.geometric.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -109,16 +99,6 @@ class Policy:
         lines.append("  area ratios (small, medium, large): " + ", ".join(map(str, self.area_ratios)))
         lines.append("  prob ratios (small, medium, large): " + ", ".join(map(str, self.prob_ratios)))
         return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain lists, dicts and numbers (for JSON, YAML or MLflow params)."""
-        return {
-            "zoom_out": self.zoom_out.to_dict(),
-            "zoom_in": self.zoom_in.to_dict(),
-            "subpolicies": [sub.to_dict() for sub in self.subpolicies],
-            "area_ratios": list(self.area_ratios),
-            "prob_ratios": list(self.prob_ratios),
-        }
 
 
 def policy_length(n_subpolicies: int) -> int:

@@ -20,37 +20,26 @@ per-process LRU cache of at most ``filler_cache_mb`` MB of decoded pixels (the o
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ...policy import Policy
 from ..transforms import SampleContext
 from ._cache import SampleCache
 from .color import color_op_on_boxes
 from .geometric import geometric_op
-from .policy import Policy
 from .selection import select_boxes
 from .zoom import zoom_in, zoom_in_ratio, zoom_out, zoom_out_ratio
 
 N_FILLERS = 3
 
 
-def _check_number(key: str, value, *, low: float, high: float | None = None, integer: bool = False) -> None:
-    kind = numbers.Integral if integer else numbers.Real
-    ok = not isinstance(value, bool) and isinstance(value, kind) and value >= low and (high is None or value <= high)
-    if not ok:
-        what = "an integer" if integer else "a number"
-        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ConfigError(f"{key}: expected {what} {bounds}, got {value!r}")
-
-
 class ScaleAwareAutoAugment:
-    """Scale-aware AutoAugment of one training sample (a transform of :mod:`pipelines.transforms`).
+    """Scale-aware AutoAugment of one training sample (a transform of :mod:`pipelines.data.transforms`).
 
     Args:
-        policy: the decoded policy (:func:`pipelines.autoaug.decode_policy`).
+        policy: the decoded policy (:func:`pipelines.policy.decode_policy`).
         scale_splits: box areas (pixels, on the resized image) separating small / medium / large.
         box_prob: the base probability of selecting a box.
         max_iter: iteration at which box-level ops reach their full probability.
@@ -58,24 +47,13 @@ class ScaleAwareAutoAugment:
 
     Call with ``(image uint8 [3, H, W], target, ctx)`` after resize and flip, before normalisation;
     returns a new ``(image, target)`` of the same size (the inputs are never modified in place).
-
-    Raises:
-        ConfigError: a parameter out of range.
+    The arguments are trusted: :mod:`pipelines.config` validates them where they enter, as params.
     """
 
     def __init__(self, policy: Policy, *, scale_splits: Sequence[int] = (2048, 10240, 51200), box_prob: float = 0.3,
                  max_iter: int, filler_cache_mb: float = 64.0):
-        if not isinstance(policy, Policy):
-            raise TypeError(f"policy: expected a Policy (see decode_policy), got {type(policy).__name__}")
-        splits = list(scale_splits)
-        if (len(splits) != 3 or any(isinstance(s, bool) or not isinstance(s, numbers.Real) for s in splits)
-                or not 0 < splits[0] < splits[1] < splits[2]):
-            raise ConfigError(f"augment.scale_splits: expected 3 increasing positive areas, got {splits!r}")
-        _check_number("augment.box_prob", box_prob, low=0.0, high=1.0)
-        _check_number("train.max_iter", max_iter, low=1, integer=True)
-        _check_number("augment.filler_cache_mb", filler_cache_mb, low=0.0)
         self.policy = policy
-        self.scale_splits = tuple(splits)
+        self.scale_splits = tuple(scale_splits)
         self.box_prob = float(box_prob)
         self.max_iter = int(max_iter)
         self.filler_cache_mb = float(filler_cache_mb)

@@ -14,7 +14,6 @@ array              dtype       meaning
 ``boxes``          float32 M,4 x0, y0, x1, y1 in stored-image pixels
 ``labels``         int32 (M)   contiguous label, index into ``meta.json``'s ``categories``
 ``crowd``          bool (M)    COCO ``iscrowd``
-``areas``          float32 (M) COCO ``area`` (segment area; used for the scale buckets)
 =================  ==========  ================================================================
 
 An image's boxes keep the order they have in the source JSON (the order pycocotools'
@@ -27,29 +26,25 @@ Checks, and what they cost at COCO scale (118k images, 860k boxes, 27 MB of arra
   shape and length (a truncated file cannot be mapped), offsets that start at 0 and end at the
   array length. About 2 ms; it touches a few pages, not the data (each first touch of a
   page is a page fault, about 4 us here, so even reading the 1.9 MB of offsets would triple it).
-* ``verify=True`` (used by :func:`is_up_to_date`, hence by the cache stage on every run): also each
+* ``verify=True`` (used by :func:`stale_reason`, hence by the cache stage on every run): also each
   file's SHA-256, which catches corruption that keeps sizes intact, and offsets that never
   decrease. About 40 ms, and it reads every page, which is why the data loader's opens skip it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import hashlib
 import json
-from collections.abc import Iterator
 from itertools import chain
 from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
-import orjson
 
-from .errors import CacheError, DatasetError
-from .fileio import atomic_dir, write_json
+from ..errors import CacheError, DatasetError
+from ..fileio import atomic_dir, file_sha256, write_json
+from .coco import gc_paused, read_annotations
 
-FORMAT_VERSION = 2  # 2: per-array SHA-256 in meta.json
+FORMAT_VERSION = 3  # 2: per-array SHA-256 in meta.json; 3: no unread ``areas`` array
 ARRAYS = {
     "image_ids": np.int64,
     "sizes": np.int32,
@@ -60,59 +55,7 @@ ARRAYS = {
     "boxes": np.float32,
     "labels": np.int32,
     "crowd": np.bool_,
-    "areas": np.float32,
 }
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector.
-
-    Parsing a COCO-scale JSON allocates millions of containers, and every collection walks all of
-    them: about 70% of ``json.load``'s time (see the field notes). Nothing built here is cyclic, so
-    reference counting frees it all.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def read_annotations(path: str | Path) -> tuple[dict, str]:
-    """Read and parse a COCO JSON file in one pass (orjson, collector paused).
-
-    Returns:
-        ``(annotations, sha256)``: the parsed object and the SHA-256 of exactly the bytes parsed.
-
-    Raises:
-        DatasetError: if the file is missing or is not a JSON object.
-    """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: annotation file not found") from None
-    sha256 = hashlib.sha256(data).hexdigest()
-    with gc_paused():
-        try:
-            coco = orjson.loads(data)
-        except orjson.JSONDecodeError as err:
-            raise DatasetError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(coco, dict):
-        raise DatasetError(f"{path}: expected a JSON object with images, annotations and categories")
-    return coco, sha256
 
 
 def build_cache(source: dict | str | Path, out_dir: str | Path, *, image_root: str, drop_empty: bool,
@@ -120,8 +63,8 @@ def build_cache(source: dict | str | Path, out_dir: str | Path, *, image_root: s
     """Convert COCO annotations into a cache folder, written atomically (all of it or nothing).
 
     The input is trusted to be structurally valid, as the prepare stage writes it
-    (:func:`pipelines.coco.validate_coco`): every annotation has ``image_id``, ``category_id``,
-    ``bbox``, ``area`` and ``iscrowd``; ids are integers. Dangling image or category ids and
+    (:func:`pipelines.data.coco.validate_coco`): every annotation has ``image_id``, ``category_id``,
+    ``bbox`` and ``iscrowd``; ids are integers. Dangling image or category ids and
     duplicate image ids are still caught (cheaply) and raise :class:`DatasetError`.
 
     Args:
@@ -177,7 +120,6 @@ def _columns(coco: dict, name: str) -> dict:
             "ann_image_ids": column(anns, "image_id", np.int64),
             "ann_category_ids": column(anns, "category_id", np.int64),
             "crowd": column(anns, "iscrowd", np.bool_),
-            "areas": column(anns, "area", np.float64),
             "xywh": np.fromiter(chain.from_iterable(map(itemgetter("bbox"), anns)), dtype=np.float64,
                                 count=4 * m).reshape(m, 4),
             "categories": sorted(({"id": c["id"], "name": c["name"]} for c in categories), key=itemgetter("id")),
@@ -231,7 +173,6 @@ def _write(c: dict, out_dir: str | Path, *, image_root: str, drop_empty: bool, s
         "boxes": np.concatenate([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], axis=1),  # in float64, then rounded once
         "labels": labels[ann_order],
         "crowd": crowd[ann_order],
-        "areas": c["areas"][ann_order],
     }
     specs = {}
     with atomic_dir(out_dir) as tmp:
@@ -263,8 +204,8 @@ def _mapped_view(array: np.ndarray) -> np.ndarray:
 class AnnotationCache:
     """Read-only view of a cache folder.
 
-    Its arrays (``image_ids``, ``sizes``, ``aspect_groups``, ``boxes``, ``labels``, ``crowd``,
-    ``areas``) are read-only ndarrays over memory-mapped files: opening reads almost nothing, and
+    Its arrays (``image_ids``, ``sizes``, ``aspect_groups``, ``boxes``, ``labels``, ``crowd``) are
+    read-only ndarrays over memory-mapped files: opening reads almost nothing, and
     data-loader workers share the pages instead of copying Python objects. Pickling (e.g. for
     workers started with ``spawn``) sends only the path; the other side maps the files again.
 
@@ -307,7 +248,6 @@ class AnnotationCache:
         self.boxes = arrays["boxes"]
         self.labels = arrays["labels"]
         self.crowd = arrays["crowd"]
-        self.areas = arrays["areas"]
         n, m = len(self.image_ids), len(self.boxes)
         for offsets, total, what in ((self._box_offsets, m, "box_offsets"),
                                      (self._name_offsets, len(self._names), "name_offsets")):
@@ -315,7 +255,7 @@ class AnnotationCache:
             ends_wrong = len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != total
             if ends_wrong or (verify and (np.diff(offsets) < 0).any()):
                 raise CacheError(f"{self.path / (what + '.npy')}: offsets do not match the arrays; rebuild the cache")
-        if len(self.labels) != m or len(self.crowd) != m or len(self.areas) != m or len(self.sizes) != n:
+        if len(self.labels) != m or len(self.crowd) != m or len(self.sizes) != n:
             raise CacheError(f"{self.path / 'meta.json'}: array lengths disagree; rebuild the cache")
         self.categories: list[dict] = self.meta["categories"]
         self.image_root = Path(self.meta["image_root"])
@@ -337,11 +277,6 @@ class AnnotationCache:
 
     def image_path(self, index: int) -> Path:
         return self.image_root / self.file_name(index)
-
-    def size(self, index: int) -> tuple[int, int]:
-        """``(width, height)`` of the stored image."""
-        width, height = self.sizes[index]
-        return int(width), int(height)
 
     def annotations(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(boxes xyxy float32 [K, 4], labels int32 [K], crowd bool [K])`` of one image, as read-only views."""
@@ -389,8 +324,3 @@ def stale_reason(path: str | Path, *, source_sha256: str, image_root: str, drop_
     if (meta["image_root"], meta["drop_empty"]) != (str(image_root), drop_empty):
         return f"{path}: built with other settings (image_root, drop_empty)"
     return None
-
-
-def is_up_to_date(path: str | Path, *, source_sha256: str, image_root: str, drop_empty: bool) -> bool:
-    """True if ``path`` holds an intact cache (checksums verified) of this format, from this source and settings."""
-    return stale_reason(path, source_sha256=source_sha256, image_root=image_root, drop_empty=drop_empty) is None

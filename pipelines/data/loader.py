@@ -9,17 +9,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from .collate import BatchCollator
-from .errors import ConfigError
 from .samplers import DistributedSampler, GroupedBatchSampler, InferenceSampler, IterationBasedBatchSampler
-
-
-def per_process_batch(ims_per_batch: int, world_size: int, key: str = "ims_per_batch") -> int:
-    """Split a global batch evenly across processes; a remainder is a user error naming both numbers."""
-    if ims_per_batch < world_size or ims_per_batch % world_size:
-        raise ConfigError(
-            f"{key}: {ims_per_batch} images per batch cannot be split evenly across {world_size} processes"
-        )
-    return ims_per_batch // world_size
 
 
 def _batch_sampler(sampler, dataset, batch_size: int, aspect_grouping: bool):
@@ -40,15 +30,15 @@ def _worker_init(seed: int, rank: int):
     return init
 
 
-def make_train_loader(dataset, *, ims_per_batch: int, max_iter: int, start_iter: int = 0, aspect_grouping: bool = True,
+def make_train_loader(dataset, *, batch_size: int, max_iter: int, start_iter: int = 0, aspect_grouping: bool = True,
                       num_workers: int = 0, size_divisibility: int = 32, seed: int = 0, rank: int = 0,
                       world_size: int = 1, pin_memory: bool = False) -> DataLoader:
     """A loader that yields exactly ``max_iter - start_iter`` batches of this rank's share.
 
-    ``ims_per_batch`` is the global batch; each of the ``world_size`` processes gets an equal part.
-    The sequence of batches is a function of ``seed`` only, and resuming at ``start_iter`` continues it.
+    ``batch_size`` is this process's part of the global batch (each of the ``world_size`` processes
+    loads as many). The sequence of batches is a function of ``seed`` only, and resuming at
+    ``start_iter`` continues it.
     """
-    batch_size = per_process_batch(ims_per_batch, world_size, "train.ims_per_batch")
     sampler = DistributedSampler(len(dataset), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
     batches = IterationBasedBatchSampler(_batch_sampler(sampler, dataset, batch_size, aspect_grouping), max_iter, start_iter)
     return DataLoader(
@@ -62,14 +52,13 @@ def make_train_loader(dataset, *, ims_per_batch: int, max_iter: int, start_iter:
     )
 
 
-def make_test_loader(dataset, *, ims_per_batch: int, aspect_grouping: bool = True, num_workers: int = 0,
+def make_test_loader(dataset, *, batch_size: int, aspect_grouping: bool = True, num_workers: int = 0,
                      size_divisibility: int = 32, seed: int = 0, rank: int = 0, world_size: int = 1,
                      pin_memory: bool = False) -> DataLoader:
     """A loader over this rank's shard of the test set: every image exactly once across ranks.
 
-    As in the seed, the order is shuffled only when distributed.
+    ``batch_size`` is per process. As in the seed, the order is shuffled only when distributed.
     """
-    batch_size = per_process_batch(ims_per_batch, world_size, "evaluate.ims_per_batch")
     sampler = InferenceSampler(len(dataset), num_replicas=world_size, rank=rank, shuffle=world_size > 1, seed=seed)
     return DataLoader(
         dataset,

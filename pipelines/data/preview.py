@@ -28,7 +28,7 @@ def augmentation_preview(plain, augmented, *, count: int, iteration: int, path: 
     """Write a PNG grid: row 1 the first ``count`` samples after the base transforms, row 2 after the
     training augmentation.
 
-    ``plain`` and ``augmented`` are :class:`~pipelines.dataset.DetectionDataset` s over the same
+    ``plain`` and ``augmented`` are :class:`~pipelines.data.dataset.DetectionDataset` s over the same
     images; samples are drawn at ``iteration`` (e.g. ``max_iter`` to show the augmentation at full
     strength).
     """

@@ -1,0 +1,95 @@
+"""The one edge from validated params to objects (detectron2's ``from_config`` idea, without a registry).
+
+Each function takes the :class:`~pipelines.config.Params` that :func:`~pipelines.config.load_params`
+validated and calls the core with explicit keyword arguments; nothing else in the project maps
+params to arguments. Stages and benchmarks build through here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import Params
+from .data.autoaug.augment import ScaleAwareAutoAugment
+from .data.loader import make_test_loader, make_train_loader
+from .data.transforms import Compose, RandomHorizontalFlip, TestTimeAugmentation, build_transforms
+from .model import Detector, build_detector
+from .policy import Policy, decode_policy
+from .solver import build_lr_scheduler, build_optimizer
+
+
+def detector(p: Params, *, num_classes: int) -> Detector:
+    """The randomly initialised detector of ``p.model`` (seed torch's generator first)."""
+    m = p.model
+    return build_detector(num_classes=num_classes, backbone=m.backbone, norm=m.norm, fpn_channels=m.fpn_channels,
+                          head_convs=m.head_convs, precision=m.precision, channels_last=m.channels_last,
+                          score_thresh=m.score_thresh, nms_thresh=m.nms_thresh,
+                          detections_per_img=m.detections_per_img, topk_candidates=m.topk_candidates)
+
+
+def policy(p: Params) -> Policy | None:
+    """The decoded Scale-aware AutoAugment policy of ``p.augment``, or ``None`` for other presets."""
+    a = p.augment
+    return decode_policy(a.policy, a.n_subpolicies) if a.name == "sa_autoaug" else None
+
+
+def augmentation(p: Params):
+    """The training augmentation preset ``p.augment.name`` as one transform, or ``None``.
+
+    ``none``: nothing; ``flip``: horizontal flip with ``hflip_prob``; ``sa_autoaug``: the flip, then
+    Scale-aware AutoAugment ramped over ``train.max_iter`` iterations.
+    """
+    a = p.augment
+    if a.name == "none":
+        return None
+    flip = RandomHorizontalFlip(a.hflip_prob)
+    if a.name == "flip":
+        return flip
+    autoaug = ScaleAwareAutoAugment(policy(p), scale_splits=a.scale_splits, box_prob=a.box_prob,
+                                    max_iter=p.train.max_iter, filler_cache_mb=a.filler_cache_mb)
+    return Compose([flip, autoaug])
+
+
+def train_transforms(p: Params, *, augment: bool = True) -> Compose:
+    """Resize to the training sizes, then (with ``augment``) the augmentation preset."""
+    return build_transforms(min_sizes=p.model.min_size_train, max_size=p.model.max_size_train,
+                            augment=augmentation(p) if augment else None)
+
+
+def test_transforms(p: Params) -> Compose:
+    """Resize to the test size."""
+    return build_transforms(min_sizes=[p.model.min_size_test], max_size=p.model.max_size_test)
+
+
+def test_time_augmentation(p: Params) -> TestTimeAugmentation | None:
+    """The extra test-time views of ``p.evaluate``, or ``None`` when ``evaluate.tta`` is off."""
+    e = p.evaluate
+    return TestTimeAugmentation(tuple(e.tta_scales), e.tta_max_size, e.tta_flip) if e.tta else None
+
+
+def train_loader(p: Params, dataset, *, rank: int, world_size: int, device: torch.device, start_iter: int = 0):
+    """This rank's loader of ``train.max_iter - start_iter`` batches of ``train.ims_per_batch / world_size``."""
+    return make_train_loader(dataset, batch_size=p.train.ims_per_batch // world_size, max_iter=p.train.max_iter,
+                             start_iter=start_iter, aspect_grouping=p.loader.aspect_grouping,
+                             num_workers=p.loader.num_workers, size_divisibility=p.loader.size_divisibility,
+                             seed=p.seed, rank=rank, world_size=world_size, pin_memory=device.type == "cuda")
+
+
+def test_loader(p: Params, dataset, *, rank: int, world_size: int):
+    """This rank's shard of the test set in batches of ``evaluate.ims_per_batch / world_size``."""
+    return make_test_loader(dataset, batch_size=p.evaluate.ims_per_batch // world_size,
+                            aspect_grouping=p.loader.aspect_grouping, num_workers=p.loader.num_workers,
+                            size_divisibility=p.loader.size_divisibility, seed=p.seed, rank=rank,
+                            world_size=world_size)
+
+
+def optimizer(p: Params, model: torch.nn.Module) -> torch.optim.Optimizer:
+    t = p.train
+    return build_optimizer(model, name=t.optimizer, base_lr=t.base_lr, momentum=t.momentum,
+                           weight_decay=t.weight_decay, norm_weight_decay=t.norm_weight_decay)
+
+
+def scheduler(p: Params, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    t = p.train
+    return build_lr_scheduler(optimizer, schedule=t.lr_schedule, max_iter=t.max_iter, steps=list(t.steps),
+                              gamma=t.gamma, warmup_iters=t.warmup_iters, warmup_factor=t.warmup_factor)
