@@ -65,14 +65,14 @@ def synchronize() -> None:
 def reduce_loss_dict(loss_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Average scalar losses across processes, for logging; the result is valid on rank 0 only.
 
-    As in the seed's ``reduce_loss_dict``: keys sorted, values stacked, ``dist.reduce`` to rank 0,
+    As in the seed's ``reduce_loss_dict``: keys sorted (in one process too), values stacked, ``dist.reduce`` to rank 0,
     divided by the world size on rank 0. Other ranks get a tensor whose content is undefined.
     """
     world_size = get_world_size()
+    names = sorted(loss_dict)
     if world_size < 2:
-        return {k: v.detach() for k, v in loss_dict.items()}
+        return {k: loss_dict[k].detach() for k in names}
     with torch.no_grad():
-        names = sorted(loss_dict)
         stacked = torch.stack([loss_dict[k].detach().float() for k in names], dim=0)
         dist.reduce(stacked, dst=0)
         if dist.get_rank() == 0:

@@ -1,0 +1,106 @@
+"""The training step and loop on a tiny model: what one step does, checkpoints, an early end, the log."""
+
+import csv
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from pipelines import checkpoint
+from pipelines.data.collate import Batch
+from pipelines.engine import MetricLog, train, train_step
+from pipelines.solver import build_lr_scheduler
+
+
+class TinyDetector(nn.Module):
+    """Takes batches as the detector does and returns two loss components."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 1)
+
+    def forward(self, images, image_sizes, targets):
+        out = self.linear(images.float().mean(dim=(2, 3)) / 255).mean()
+        return {"classification": out**2, "bbox_regression": (out - 1).abs()}
+
+
+def _batches(count: int) -> list[Batch]:
+    generator = torch.Generator().manual_seed(0)
+    return [Batch(torch.randint(0, 255, (2, 3, 8, 8), dtype=torch.uint8, generator=generator), [(8, 8)] * 2,
+                  [{}, {}], [2 * i, 2 * i + 1]) for i in range(count)]
+
+
+def _setup(lr: float = 0.1):
+    torch.manual_seed(0)
+    model = TinyDetector()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    scheduler = build_lr_scheduler(optimizer, schedule="cosine", max_iter=10, steps=[], gamma=0.1, warmup_iters=2,
+                                   warmup_factor=0.1)
+    return model, optimizer, scheduler
+
+
+def test_train_step_updates_the_model_and_returns_detached_local_losses():
+    model, optimizer, scheduler = _setup()
+    batch = _batches(1)[0]
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        expected = {k: float(v) for k, v in model(batch.images, batch.image_sizes, batch.targets).items()}
+    losses = train_step(model, batch, optimizer, scheduler)
+    assert {k: float(v) for k, v in losses.items()} == pytest.approx(expected)
+    assert not any(v.requires_grad for v in losses.values())
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert scheduler.last_epoch == 1  # stepped once: warm-up half done (factor 0.55), cosine at 1/10
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.55 * 0.5 * (1 + math.cos(math.pi / 10)))
+
+
+def test_train_step_clips_the_gradient_norm():
+    steps = {}
+    for clip in (0.0, 1e-3):
+        model, optimizer, scheduler = _setup(lr=100.0)
+        before = torch.cat([p.detach().flatten() for p in model.parameters()])
+        train_step(model, _batches(1)[0], optimizer, scheduler, clip_grad_norm=clip)
+        after = torch.cat([p.detach().flatten() for p in model.parameters()])
+        steps[clip] = float((after - before).norm())
+    lr = 100.0 * 0.1  # warm-up factor at iteration 0
+    assert steps[1e-3] == pytest.approx(lr * 1e-3, rel=1e-3)
+    assert steps[0.0] > 10 * steps[1e-3]
+
+
+def test_loop_checkpoints_every_period_but_not_at_the_end(tmp_path):
+    model, optimizer, scheduler = _setup()
+    train(model, _batches(7), optimizer, scheduler, device=torch.device("cpu"), max_iter=7, ims_per_batch=2,
+          log_period=100, checkpoint_period=3, checkpoint_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_0000003.pth", "model_0000006.pth"]
+    state = checkpoint.load(tmp_path / "model_0000006.pth")
+    assert state["iteration"] == 6 and state["scheduler"]["last_epoch"] == 6
+    assert set(state) == {"model", "optimizer", "scheduler", "iteration"}
+
+
+def test_loop_resumed_at_start_iter_counts_from_there(tmp_path):
+    model, optimizer, scheduler = _setup()
+    train(model, _batches(3), optimizer, scheduler, device=torch.device("cpu"), start_iter=4, max_iter=7,
+          ims_per_batch=2, checkpoint_period=5, checkpoint_dir=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["model_0000005.pth"]
+
+
+def test_a_loader_that_ends_early_is_an_error(tmp_path):
+    model, optimizer, scheduler = _setup()
+    with pytest.raises(RuntimeError, match="the loader ended at iteration 3, expected 5"):
+        train(model, _batches(3), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2,
+              checkpoint_dir=tmp_path)
+
+
+def test_metric_log_has_a_row_every_period_and_at_the_end(tmp_path):
+    model, optimizer, scheduler = _setup()
+    log = tmp_path / "log.csv"
+    train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2,
+          log_period=2, checkpoint_dir=tmp_path / "ckpt", metric_log=MetricLog(log))
+    with open(log, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in rows] == [2, 4, 5]
+    assert list(rows[0]) == ["iteration", "loss", "bbox_regression", "classification", "lr"]  # sorted, as with DDP
+    for row in rows:
+        assert float(row["loss"]) == pytest.approx(float(row["classification"]) + float(row["bbox_regression"]), rel=1e-4)
+    assert float(rows[-1]["lr"]) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-5)
+    assert not (tmp_path / "ckpt").exists()  # checkpoint_period (1000) never reached

@@ -1,0 +1,114 @@
+"""The architecture stays as documented: import-linter's layering contracts, and ``dvc.yaml`` deps that
+match each stage's import closure (so an edit re-runs exactly the stages that import it)."""
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+import yaml
+
+from .conftest import REPO
+
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` (import-linter's command) on the project at ``root``."""
+    command = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    return subprocess.run([sys.executable, "-c", command, "--config", str(root / "pyproject.toml"), "--no-cache"],
+                          cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path])},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_import_contracts_hold():
+    done = _lint(REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "4 kept, 0 broken" in done.stdout
+
+
+def test_contracts_catch_a_violation(tmp_path):
+    for name in ("pipelines", "stages", "benchmarks"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    policy = tmp_path / "pipelines" / "policy.py"
+    policy.write_text(policy.read_text() + "\nimport torch  # noqa\n")
+    dataset = tmp_path / "pipelines" / "data" / "dataset.py"
+    dataset.write_text(dataset.read_text() + "\nfrom ..model import Detector  # noqa\n")
+    done = _lint(tmp_path)
+    assert done.returncode == 1
+    assert "Loading and validating params imports neither torch nor torchvision BROKEN" in done.stdout
+    assert "The data package never imports the model, training, evaluation or tracking BROKEN" in done.stdout
+
+
+def _file(module: str) -> Path:
+    path = REPO / Path(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def _is_docstring_only(path: Path) -> bool:
+    body = ast.parse(path.read_text()).body
+    return all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
+
+
+def import_closure(graph, module: str) -> set[str]:
+    """Repository-relative files that ``python -m module`` executes: the module, everything it imports
+    (also inside functions), and their packages' ``__init__`` files unless those hold only a docstring."""
+    modules = {module} | graph.find_upstream_modules(module)
+    for name in list(modules):
+        parts = name.split(".")
+        modules |= {".".join(parts[:i]) for i in range(1, len(parts))}
+    files = {_file(name) for name in modules}
+    return {str(f.relative_to(REPO)) for f in files if not (f.name == "__init__.py" and _is_docstring_only(f))}
+
+
+def _resolve(text: str, params: dict) -> str:
+    def lookup(match):
+        value = params
+        for key in match.group(1).split("."):
+            value = value[key]
+        return str(value)
+
+    return re.sub(r"\$\{([\w.]+)\}", lookup, text)
+
+
+def _stages() -> dict[str, tuple[set[str], list[str]]]:
+    """Per stage of ``dvc.yaml``: the modules its command runs and its deps, with params substituted."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    stages = {}
+    for name, stage in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].items():
+        modules = set(re.findall(r"-m ((?:stages|pipelines)\.\w+)", stage["cmd"]))
+        stages[name] = modules, [_resolve(dep, params).rstrip("/") for dep in stage["deps"]]
+    return stages
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph("pipelines", "stages")
+
+
+@pytest.mark.parametrize("stage", ["prepare", "cache", "train", "evaluate"])
+def test_dvc_deps_list_exactly_the_code_each_stage_imports(graph, stage):
+    modules, deps = _stages()[stage]
+    assert f"stages.{stage}" in modules
+    closure = set().union(*(import_closure(graph, m) for m in modules))
+    code_deps = [d for d in deps if d.split("/")[0] in ("stages", "pipelines")]
+    missing = sorted(f for f in closure if not any(f == d or f.startswith(d + "/") for d in code_deps))
+    assert not missing, f"dvc.yaml: stage {stage} imports {missing} but does not list them under deps"
+    stale = sorted(d for d in code_deps if d.endswith(".py") and d not in closure)
+    assert not stale, f"dvc.yaml: stage {stage} lists {stale} under deps but does not import them"
+    for folder in (d for d in code_deps if not d.endswith(".py")):
+        assert any(f.startswith(folder + "/") for f in closure), f"dvc.yaml: stage {stage}: nothing in {folder} is used"
+
+
+def test_editing_the_transforms_does_not_rerun_prepare(graph):
+    modules, deps = _stages()["prepare"]
+    assert not any("pipelines/data/transforms.py" == d or "pipelines/data/transforms.py".startswith(d + "/")
+                   for d in deps)
+    assert "pipelines/data/transforms.py" not in set().union(*(import_closure(graph, m) for m in modules))
+    _, train_deps = _stages()["train"]
+    assert "pipelines/data" in train_deps
