@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from .errors import PipelineError
 
 DEBUG_ENV = "PIPELINES_DEBUG"
+
+
+def parse_args(description: str, argv: list[str] | None, *, params: bool = True, **paths: str) -> argparse.Namespace:
+    """A stage's command line: ``--params`` (default ``params.yaml``) and one required path option per
+    keyword, ``--some-name`` for ``some_name``, whose value is its help text."""
+    parser = argparse.ArgumentParser(description=description)
+    if params:
+        parser.add_argument("--params", default="params.yaml", help="the parameters file")
+    for name, text in paths.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=Path, required=True, help=text)
+    return parser.parse_args(argv)
 
 
 def setup_logging(rank: int = 0) -> None:

@@ -21,6 +21,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from . import cli
 from .errors import ConfigError
 from .policy import decode_policy
 
@@ -320,14 +321,8 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m pipelines.config``: validate ``params.yaml`` before ``torchrun`` starts processes."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Validate params.yaml; one line per problem, exit code 2.")
-    parser.add_argument("--params", default="params.yaml")
-    load_params(parser.parse_args(argv).params)
+    load_params(cli.parse_args("Validate params.yaml; one line per problem, exit code 2.", argv).params)
 
 
 if __name__ == "__main__":
-    from . import cli
-
     cli.run(main)

@@ -50,9 +50,6 @@ class ZoomOp:
     prob: float
     level: int
 
-    def __str__(self) -> str:
-        return f"p={self.prob:.2f} level={self.level}"
-
 
 @dataclass(frozen=True)
 class BoxOp:
@@ -62,9 +59,6 @@ class BoxOp:
     prob: float
     level: int
 
-    def __str__(self) -> str:
-        return f"{self.name} p={self.prob:.1f} level={self.level}"
-
 
 @dataclass(frozen=True)
 class SubPolicy:
@@ -72,9 +66,6 @@ class SubPolicy:
 
     color: BoxOp
     geometric: BoxOp
-
-    def __str__(self) -> str:
-        return f"{self.color}, then {self.geometric}"
 
 
 @dataclass(frozen=True)
@@ -92,10 +83,16 @@ class Policy:
     prob_ratios: tuple[int, int, int]
 
     def __str__(self) -> str:
+        """The policy in words, one line per op (as logged and stored with each run)."""
+
+        def op(o: BoxOp) -> str:
+            return f"{o.name} p={o.prob:.1f} level={o.level}"
+
         lines = [f"Scale-aware AutoAugment policy ({len(self.subpolicies)} sub-policies)",
-                 f"  zoom_out: {self.zoom_out}",
-                 f"  zoom_in:  {self.zoom_in}"]
-        lines += [f"  sub-policy {i}: {sub}" for i, sub in enumerate(self.subpolicies)]
+                 f"  zoom_out: p={self.zoom_out.prob:.2f} level={self.zoom_out.level}",
+                 f"  zoom_in:  p={self.zoom_in.prob:.2f} level={self.zoom_in.level}"]
+        lines += [f"  sub-policy {i}: {op(sub.color)}, then {op(sub.geometric)}"
+                  for i, sub in enumerate(self.subpolicies)]
         lines.append("  area ratios (small, medium, large): " + ", ".join(map(str, self.area_ratios)))
         lines.append("  prob ratios (small, medium, large): " + ", ".join(map(str, self.prob_ratios)))
         return "\n".join(lines)

@@ -7,10 +7,8 @@ cache on disk is missing, truncated or fails its checksums.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-from pathlib import Path
 
 from pipelines import cli
 from pipelines.data.annotation_cache import build_cache, stale_reason
@@ -21,10 +19,8 @@ log = logging.getLogger("cache")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--prepared", type=Path, required=True, help="output folder of the prepare stage")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the caches, one per split")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(__doc__, argv, params=False, prepared="output folder of the prepare stage",
+                          out="folder for the caches, one per split")
 
     manifest_path = args.prepared / "dataset.json"
     try:

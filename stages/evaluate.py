@@ -6,9 +6,7 @@ JSON category ids and original image coordinates, and scored with pycocotools' `
 
 from __future__ import annotations
 
-import argparse
 import logging
-from pathlib import Path
 
 from pipelines import build, checkpoint, cli, distributed
 from pipelines.config import load_params
@@ -23,16 +21,12 @@ log = logging.getLogger("evaluate")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--cache", type=Path, required=True, help="annotation cache folder (val split inside)")
-    parser.add_argument("--prepared", type=Path, required=True, help="prepared dataset (val.json is the ground truth)")
-    parser.add_argument("--model", type=Path, required=True, help="model_final.pth of the train stage")
-    parser.add_argument("--run-file", type=Path, required=True, help="run.json of the train stage")
-    parser.add_argument("--metrics", type=Path, required=True, help="COCO metrics (JSON) for dvc metrics")
-    parser.add_argument("--plots", type=Path, required=True, help="precision-recall curve (JSON) for dvc plots")
-    parser.add_argument("--detections", type=Path, required=True, help="detections in COCO results format")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(__doc__, argv, cache="annotation cache folder (val split inside)",
+                          prepared="prepared dataset (val.json is the ground truth)",
+                          model="model_final.pth of the train stage", run_file="run.json of the train stage",
+                          metrics="COCO metrics (JSON) for dvc metrics",
+                          plots="precision-recall curve (JSON) for dvc plots",
+                          detections="detections in COCO results format")
 
     device = distributed.init_from_env()
     rank, world_size = distributed.get_rank(), distributed.get_world_size()

@@ -7,7 +7,6 @@ split's images are) and, for the synthetic dataset, ``<out>/images/``; plus a su
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
@@ -22,11 +21,7 @@ SPLITS = ("train", "val")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the prepared dataset")
-    parser.add_argument("--metrics", type=Path, required=True, help="dataset summary (JSON)")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(__doc__, argv, out="folder for the prepared dataset", metrics="dataset summary (JSON)")
     dataset = load_params(args.params).dataset
 
     summary, splits = {}, {}

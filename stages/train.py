@@ -6,9 +6,7 @@ id that the evaluate stage adds its metrics to.
 
 from __future__ import annotations
 
-import argparse
 import logging
-from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -26,13 +24,10 @@ PREVIEW_SAMPLES = 6
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--cache", type=Path, required=True, help="annotation cache folder (train split inside)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for model_final.pth, checkpoints/, run.json")
-    parser.add_argument("--train-log", type=Path, required=True, help="training log (CSV) for dvc plots")
-    parser.add_argument("--preview", type=Path, required=True, help="PNG of samples before and after augmentation")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(__doc__, argv, cache="annotation cache folder (train split inside)",
+                          out="folder for model_final.pth, checkpoints/, run.json",
+                          train_log="training log (CSV) for dvc plots",
+                          preview="PNG of samples before and after augmentation")
 
     device = distributed.init_from_env()
     rank, world_size, main_process = distributed.get_rank(), distributed.get_world_size(), distributed.is_main_process()
