@@ -12,7 +12,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from pipelines.data.autoaug._pixels import MEAN_PIXEL
 from pipelines.data.autoaug.blend import BLEND_AREA_RATIOS, WINDOW_SIGMAS, color_gaussians, paste_weights
-from pipelines.data.autoaug.color import apply_color_op, color_op_on_boxes, color_transform, enhance_factor
+from pipelines.data.autoaug.color import color_op_on_boxes, color_transform, enhance_factor
 from pipelines.data.autoaug.geometric import affine_crop, geometric_op
 from pipelines.data.autoaug.selection import scale_buckets, select_boxes, selection_probabilities
 from pipelines.data.autoaug.zoom import (
@@ -49,6 +49,10 @@ def _aug_float(name, image, level):
     return color_transform(name, image, level=level)((0, height, 0, width))
 
 
+def _aug_uint8(name, image, level):
+    return _aug_float(name, image, level).add_(0.5).to(torch.uint8)
+
+
 # ---------------------------------------------------------------- color ops on the whole image
 
 
@@ -69,9 +73,9 @@ def test_autocontrast_stretches_each_channel_and_leaves_flat_ones():
 
 def test_equalize_is_pils_algorithm_like_torchvision():
     image = _image(40, 50, high=120)  # a narrow histogram so that equalising changes it
-    assert torch.equal(apply_color_op("Equalize", image, level=3), TF.equalize(image))
+    assert torch.equal(_aug_uint8("Equalize", image, 3), TF.equalize(image))
     flat = torch.full((3, 8, 8), 9, dtype=torch.uint8)
-    assert torch.equal(apply_color_op("Equalize", flat, level=3), flat)
+    assert torch.equal(_aug_uint8("Equalize", flat, 3), flat)
 
 
 def test_solarize_add_adds_to_the_dark_half_only():
@@ -206,7 +210,7 @@ def test_color_op_changes_the_box_and_nothing_beyond_its_window(name):
     assert not changed[outside].any()
     assert (y1 - y0) == pytest.approx(2 * WINDOW_SIGMAS * g.sy, abs=2)
     # At the centre the blend is (almost) all augmentation.
-    aug = apply_color_op(name, image, level=9)
+    aug = _aug_uint8(name, image, 9)
     assert (out[:, 300, 395].int() - aug[:, 300, 395].int()).abs().max() <= 1
     # An empty selection is no change at all.
     assert color_op_on_boxes(name, image, torch.zeros((0, 4)), level=9, area_ratios=AREA, scale_splits=SPLITS) is image

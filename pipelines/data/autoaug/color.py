@@ -30,7 +30,6 @@ from ...policy import COLOR_OPS
 
 GREY_WEIGHTS = (0.2989, 0.587, 0.114)  # R, G, B
 SOLARIZE_ADD_MAX = 0.4296875  # 110 / 256 on a 0..1 scale
-SOLARIZE_THRESHOLD = 127  # pixels <= 0.5 on a 0..1 scale, i.e. <= 127 in uint8
 MAX_LEVEL = 10.0
 
 RegionOp = Callable[[Rect], torch.Tensor]
@@ -92,8 +91,8 @@ def _solarize_add(image: torch.Tensor, level: int) -> RegionOp:
 
     def region(rect: Rect) -> torch.Tensor:
         patch = _patch(image, rect)
-        # The top bit is set exactly for pixels above the threshold (> 127); a shift is much
-        # cheaper than a comparison on uint8.
+        # Pixels <= 0.5 on a 0..1 scale (<= 127) get the addition; the top bit is set exactly for the
+        # others, and a shift is much cheaper than a comparison on uint8.
         above = (patch >> 7).float()
         return patch.float().add_(addition).sub_(above, alpha=addition)
 
@@ -176,12 +175,6 @@ def color_transform(name: str, image: torch.Tensor, *, level: int) -> RegionOp:
     if name not in _OPS:
         raise ValueError(f"unknown color op {name!r}; expected one of {', '.join(COLOR_OPS)}")
     return _OPS[name](image, level)
-
-
-def apply_color_op(name: str, image: torch.Tensor, *, level: int) -> torch.Tensor:
-    """Op ``name`` on the whole image (uint8 in, uint8 out, rounded)."""
-    height, width = image.shape[-2:]
-    return color_transform(name, image, level=level)((0, height, 0, width)).add_(0.5).to(torch.uint8)
 
 
 def color_op_on_boxes(name: str, image: torch.Tensor, boxes: torch.Tensor, *, level: int,
