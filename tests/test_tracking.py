@@ -1,0 +1,460 @@
+"""MLflow tracking: the default store and run files, and a tracker that never stops or stalls a stage
+when the store is unreachable (connection refused), silent (accepts, never answers) or locked
+(SQLite under ``BEGIN EXCLUSIVE``). Every store is on 127.0.0.1 or a SQLite file under a temporary
+folder; time bounds are generous (the machine is shared and noisy)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from pipelines import tracking
+from pipelines.errors import TrackingError
+
+from .conftest import REPO
+
+BOUND = 60.0  # seconds for a whole start/log/finish sequence on a failing store
+
+
+# --- fixtures ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sqlite_store(tmp_path_factory):
+    """A SQLite store (uri, folder), opened once: creating MLflow's tables takes seconds."""
+    import mlflow
+
+    folder = tmp_path_factory.mktemp("store")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    mlflow.MlflowClient(tracking_uri=uri).search_experiments()
+    return uri, folder
+
+
+@pytest.fixture
+def store(sqlite_store, monkeypatch):
+    """The SQLite store as this test's tracking store, with artifacts beside it."""
+    uri, folder = sqlite_store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("DVC_ROOT", str(folder))
+    return uri, folder
+
+
+@pytest.fixture(autouse=True)
+def _restore_http_knobs(monkeypatch):
+    """The tracker sets MLflow's HTTP knobs in the environment: undo that after each test."""
+    for key in tracking.HTTP_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """Shorter waits than the defaults, to keep the outage tests quick."""
+    monkeypatch.setattr(tracking, "CALL_TIMEOUT", 5.0)
+    monkeypatch.setattr(tracking, "SQLITE_BUSY_TIMEOUT", 1.5)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # 2 attempts: 2 s
+
+
+@pytest.fixture
+def refused_uri():
+    """An HTTP address on 127.0.0.1 where nothing listens."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def silent_uri():
+    """An HTTP address on 127.0.0.1 whose server accepts connections and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    server.settimeout(0.2)
+    accepted, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for conn in accepted:
+        conn.close()
+    server.close()
+
+
+@pytest.fixture
+def lock_store(store):
+    """``lock()`` holds an exclusive lock on the store's database (``BEGIN EXCLUSIVE``) until ``unlock()``."""
+    db = store[0].removeprefix("sqlite:///")
+    conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+
+    class Lock:
+        @staticmethod
+        def lock():
+            conn.execute("BEGIN EXCLUSIVE")
+
+        @staticmethod
+        def unlock():
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    yield Lock
+    Lock.unlock()
+    conn.close()
+
+
+def _files(tmp_path):
+    for name in ("model_final.pth", "train_log.csv"):
+        (tmp_path / name).write_text(name)
+    return tmp_path / "model_final.pth", tmp_path / "train_log.csv"
+
+
+def _log_a_training(tracker, tmp_path, *, iterations=5):
+    """What the train stage logs: 7 metric values per logging step, then two artifacts, then finish."""
+    model, train_log = _files(tmp_path)
+    for it in range(1, iterations + 1):
+        tracker.log_metrics({"train/loss": 1.0 / it, "train/cls": 0.5, "train/box": 0.3, "train/ctr": 0.2,
+                             "train/lr": 0.01, "train/images_per_sec": 10.0, "train/x": 1.0}, step=it)
+    tracker.log_artifact(model, "model")
+    tracker.log_artifact(train_log)
+    tracker.finish()
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _no_worker_left(seconds=15.0):
+    """Store calls end by themselves (bounded by MLflow's knobs): no worker thread outlives them long."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(t.name.startswith("mlflow-tracking-call") and t.is_alive() for t in threading.enumerate()):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _run(uri, run_id):
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=uri).get_run(run_id)
+
+
+# --- paths, run files, the main process ---------------------------------------------------------------
+
+
+def test_repo_root_escapes_dvc_temporary_workspaces(monkeypatch, tmp_path):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmpab12"))
+    assert tracking.repo_root() == tmp_path / "repo"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
+    assert tracking.repo_root() == tmp_path / "repo"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path / 'repo' / 'mlflow.db'}"
+    assert tracking.artifact_location("detection") == (tmp_path / "repo" / "mlartifacts" / "detection").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking.tracking_uri() == "http://127.0.0.1:5000"
+
+
+def test_importing_tracking_stays_cheap():
+    code = "import sys, pipelines.tracking; print(sorted({'mlflow', 'sqlalchemy', 'torch'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_tracker_is_silent_off_the_main_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracker = tracking.Tracker.start(experiment="x", params={"a": 1}, main_process=False)
+    assert not tracker.active
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    tracker.log_artifact(tmp_path / "absent")
+    assert tracker.last_step("loss") == 0
+    tracker.finish()
+    assert tracking.Tracker.resume("abc", main_process=False).run_id is None
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_run_file_round_trip_and_errors(tmp_path):
+    tracking.write_run_file(tmp_path / "run.json", run_id="abc123", experiment="detection")
+    assert tracking.read_run_id(tmp_path / "run.json") == "abc123"
+    tracking.write_run_file(tmp_path / "offline.json", run_id=None, experiment="detection")  # train ran untracked
+    assert '"run_id": null' in (tmp_path / "offline.json").read_text()
+    assert tracking.read_run_id(tmp_path / "offline.json") is None
+    for content in ("", "{}", '{"run_id": 5}', '{"run_id": ""}', "[1]", "null"):
+        (tmp_path / "bad.json").write_text(content)
+        with pytest.raises(TrackingError, match="bad.json"):
+            tracking.read_run_id(tmp_path / "bad.json")
+    with pytest.raises(TrackingError, match="not a run file"):
+        tracking.read_run_id(tmp_path / "absent.json")
+
+
+def test_resuming_no_run_is_offline_with_one_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracking.write_run_file(tmp_path / "run.json", run_id=None, experiment="detection")
+    tracker = tracking.Tracker.resume(tracking.read_run_id(tmp_path / "run.json"))
+    assert tracker.run_id is None and tracker.offline
+    tracker.log_metrics({"eval/AP": 0.5}, step=4)
+    tracker.log_artifact(tmp_path / "run.json", "eval")
+    assert tracker.last_step("eval/AP") == 0
+    tracker.finish()
+    assert len(_warnings(caplog)) == 1 and "No MLflow run" in _warnings(caplog)[0]
+    assert not (tmp_path / "mlflow.db").exists()  # the store was never touched
+
+
+# --- a working store -----------------------------------------------------------------------------------
+
+
+def test_a_run_on_a_working_store(store, tmp_path, caplog, monkeypatch):
+    uri, _ = store
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-1")
+    params = {f"p.{i}": i for i in range(150)}  # more than one batch of 100
+    tracker = tracking.Tracker.start(experiment="working", params=params)
+    assert tracker.run_id and not tracker.offline
+    tracker.log_text("policy", "augment_policy.txt")
+    tracker.set_tag("k", "v")
+    _log_a_training(tracker, tmp_path)
+    run = _run(uri, tracker.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "exp-1"
+    assert run.data.params["p.149"] == "149" and len(run.data.params) == 150
+    assert run.data.tags["dvc.exp_name"] == "exp-1" and run.data.tags["k"] == "v"
+    assert run.data.metrics["train/loss"] == pytest.approx(0.2)
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    assert {a.path for a in client.list_artifacts(tracker.run_id)} >= {"model", "train_log.csv", "augment_policy.txt"}
+    assert not _warnings(caplog)
+
+
+def test_last_step_lets_a_resumed_training_skip_logged_steps(store, tmp_path, caplog):
+    uri, _ = store
+    tracker = tracking.Tracker.start(experiment="resume", params={})
+    assert tracker.last_step("train/loss") == 0
+    for it in (20, 40):
+        tracker.log_metrics({"train/loss": 1.0}, step=it)
+    assert tracker.last_step("train/loss") == 40
+    tracker.finish("KILLED")
+
+    resumed = tracking.Tracker.resume(tracker.run_id)  # a new process would do this
+    assert _run(uri, tracker.run_id).info.status == "RUNNING"
+    assert resumed.last_step("train/loss") == 40 and resumed.last_step("eval/AP") == 0
+    for it in range(20, 81, 20):
+        if it > resumed.last_step("train/loss"):
+            resumed.log_metrics({"train/loss": 0.5}, step=it)
+    resumed.finish()
+    import mlflow
+
+    steps = sorted(m.step for m in mlflow.MlflowClient(tracking_uri=uri).get_metric_history(tracker.run_id, "train/loss"))
+    assert steps == [20, 40, 60, 80]
+    assert _run(uri, tracker.run_id).info.status == "FINISHED"
+    assert not _warnings(caplog)
+
+
+def test_a_resume_on_a_locked_store_records_no_step_twice(store, lock_store, fast, caplog):
+    """last_step cannot ask the store: the training re-logs from step 0 (kept), and the retry at
+    finish drops the steps that the store already has."""
+    uri, _ = store
+    tracker = tracking.Tracker.start(experiment="resume", params={})
+    for it in (20, 40):
+        tracker.log_metrics({"train/loss": 1.0, "train/lr": 0.1}, step=it)
+    tracker.finish("KILLED")
+
+    lock_store.lock()
+    resumed = tracking.Tracker.resume(tracker.run_id)
+    assert resumed.offline and resumed.run_id == tracker.run_id
+    assert resumed.last_step("train/loss") == 0
+    for it in range(20, 81, 20):
+        resumed.log_metrics({"train/loss": 0.5, "train/lr": 0.1}, step=it)
+    lock_store.unlock()
+    resumed.finish()
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    for key in ("train/loss", "train/lr"):
+        assert sorted(m.step for m in client.get_metric_history(tracker.run_id, key)) == [20, 40, 60, 80]
+    assert _run(uri, tracker.run_id).info.status == "FINISHED"
+    assert not _warnings(caplog)
+
+
+def test_close_run_ends_a_running_run_and_leaves_others(store, refused_uri, fast, caplog):
+    uri, _ = store
+    running = tracking.Tracker.start(experiment="close", params={})  # its process "was killed"
+    done = tracking.Tracker.start(experiment="close", params={})
+    done.finish()
+    assert tracking.close_run(running.run_id, "KILLED") is True
+    assert _run(uri, running.run_id).info.status == "KILLED"
+    assert _run(uri, running.run_id).info.end_time is not None
+    assert tracking.close_run(running.run_id, "FAILED") is False  # no longer RUNNING
+    assert tracking.close_run(done.run_id, "KILLED") is False
+    assert _run(uri, done.run_id).info.status == "FINISHED"
+    assert not _warnings(caplog)
+    with pytest.raises(ValueError, match="status"):
+        tracking.close_run(done.run_id, "RUNNING")
+
+    start = time.monotonic()
+    assert tracking.close_run("0" * 32, "KILLED") is False  # no such run: one warning, no exception
+    assert tracking.close_run(running.run_id, "KILLED", tracking_uri=refused_uri) is False
+    assert time.monotonic() - start < BOUND
+    assert len(_warnings(caplog)) == 2 and "unreachable" in _warnings(caplog)[1]
+
+
+def test_a_missing_artifact_is_one_warning_not_an_error(store, tmp_path, caplog):
+    uri, _ = store
+    tracker = tracking.Tracker.start(experiment="working", params={})
+    tracker.log_artifact(tmp_path / "absent.pth", "model")
+    tracker.log_artifact(tmp_path / "absent.pth", "model")
+    tracker.log_metrics({"train/loss": 1.0}, step=1)
+    tracker.finish()
+    assert len(_warnings(caplog)) == 1 and "absent.pth" in _warnings(caplog)[0]
+    assert _run(uri, tracker.run_id).info.status == "FINISHED"
+
+
+# --- outages -------------------------------------------------------------------------------------------
+
+
+def _check_one_warning(caplog, capfd, *needles):
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1, warnings
+    for needle in needles:
+        assert needle in warnings[0], warnings[0]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "mlflow.store" not in err and "urllib3" not in err, err[-2000:]
+    return warnings[0]
+
+
+@pytest.mark.parametrize("outage", ["refused", "silent"])
+def test_start_on_an_unreachable_http_store_runs_untracked(outage, refused_uri, silent_uri, tmp_path, monkeypatch,
+                                                          caplog, capfd):
+    """With MLflow's default knobs replaced by the tracker's: refused at once, silent within about 8 s."""
+    uri = refused_uri if outage == "refused" else silent_uri
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    start = time.monotonic()
+    tracker = tracking.Tracker.start(experiment="detection", params={"a": 1})
+    assert tracker.run_id is None and tracker.offline
+    _log_a_training(tracker, tmp_path)
+    assert tracker.last_step("train/loss") == 0
+    elapsed = time.monotonic() - start
+    assert elapsed < BOUND
+    _check_one_warning(caplog, capfd, uri, "unreachable" if outage == "refused" else "not answering", "not tracked")
+    tracking.write_run_file(tmp_path / "run.json", run_id=tracker.run_id, experiment="detection")
+    assert tracking.read_run_id(tmp_path / "run.json") is None
+
+
+@pytest.mark.parametrize("outage", ["refused", "silent"])
+def test_resume_on_an_unreachable_http_store_keeps_and_reports(outage, refused_uri, silent_uri, fast, tmp_path,
+                                                              monkeypatch, caplog, capfd):
+    uri = refused_uri if outage == "refused" else silent_uri
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    start = time.monotonic()
+    tracker = tracking.Tracker.resume("f" * 32)
+    assert tracker.run_id == "f" * 32 and tracker.offline
+    _log_a_training(tracker, tmp_path)
+    assert time.monotonic() - start < BOUND
+    warning = _check_one_warning(caplog, capfd, uri, "35 metric values", "2 artifacts (model/model_final.pth, "
+                                 "train_log.csv)", "the run status FINISHED were not recorded", "f" * 32)
+    assert ("unreachable" if outage == "refused" else "not answering") in warning
+    assert _no_worker_left()
+
+
+def test_locked_sqlite_store(store, lock_store, fast, tmp_path, caplog, capfd):
+    uri, _ = store
+    # the store locks up during the run: the first call waits, later ones are kept, finish retries once
+    tracker = tracking.Tracker.start(experiment="locked", params={"a": 1})
+    assert tracker.run_id
+    lock_store.lock()
+    start = time.monotonic()
+    _log_a_training(tracker, tmp_path)
+    assert time.monotonic() - start < BOUND
+    _check_one_warning(caplog, capfd, uri, "locked", "35 metric values", "2 artifacts", "the run status FINISHED")
+    assert _no_worker_left()  # the locked calls ended by themselves (busy timeout below the deadline)
+
+    # started while locked: no run, one warning
+    caplog.clear()
+    start = time.monotonic()
+    untracked = tracking.Tracker.start(experiment="locked", params={"a": 1})
+    assert untracked.run_id is None
+    _log_a_training(untracked, tmp_path)
+    assert time.monotonic() - start < BOUND
+    _check_one_warning(caplog, capfd, uri, "locked", "not tracked")
+
+    # released: the first run is still there, RUNNING (close_run's job), and a new tracker works
+    lock_store.unlock()
+    caplog.clear()
+    assert _run(uri, tracker.run_id).info.status == "RUNNING"
+    assert tracking.close_run(tracker.run_id, "FAILED") is True
+    again = tracking.Tracker.start(experiment="locked", params={"a": 1})
+    _log_a_training(again, tmp_path)
+    run = _run(uri, again.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["train/loss"] == pytest.approx(0.2)
+    assert not _warnings(caplog)
+
+
+def test_a_lock_released_before_finish_loses_nothing(store, lock_store, fast, tmp_path, caplog):
+    uri, _ = store
+    tracker = tracking.Tracker.start(experiment="locked", params={"a": 1})
+    lock_store.lock()
+    tracker.log_metrics({"train/loss": 1.0}, step=1)  # waits, fails, goes offline
+    assert tracker.offline
+    tracker.log_metrics({"train/loss": 0.5}, step=2)  # kept at once
+    for it in (3, 4, 5):  # 1800 values: more than one log_batch (1000 at most) in the retry
+        tracker.log_metrics({f"many/{k}": k for k in range(600)}, step=it)
+    lock_store.unlock()
+    model, _ = _files(tmp_path)
+    tracker.log_artifact(model, "model")
+    tracker.finish()
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    assert sorted(m.step for m in client.get_metric_history(tracker.run_id, "train/loss")) == [1, 2]
+    assert sorted(m.step for m in client.get_metric_history(tracker.run_id, "many/599")) == [3, 4, 5]
+    assert _run(uri, tracker.run_id).info.status == "FINISHED"
+    assert not _warnings(caplog)
+
+
+def test_a_call_past_its_deadline_that_succeeds_counts_as_recorded(store, tmp_path, monkeypatch, caplog):
+    """A slow call (a big upload) is not waited on past CALL_TIMEOUT; when it then succeeds the tracker
+    goes back online and nothing is reported lost."""
+    uri, _ = store
+    monkeypatch.setattr(tracking, "CALL_TIMEOUT", 1.0)
+    tracker = tracking.Tracker.start(experiment="slow", params={})
+    apply, release = tracking._apply, threading.Event()
+
+    def slow_apply(client, run_id, ops):
+        if ops[0].kind == "artifact":
+            release.wait(20)
+        return apply(client, run_id, ops)
+
+    monkeypatch.setattr(tracking, "_apply", slow_apply)
+    model, _ = _files(tmp_path)
+    start = time.monotonic()
+    tracker.log_artifact(model, "model")
+    assert tracker.offline and time.monotonic() - start < BOUND
+    release.set()
+    assert _no_worker_left()
+    tracker.log_metrics({"train/loss": 1.0}, step=1)
+    assert not tracker.offline  # the slow call went through: back online
+    tracker.finish()
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    assert [a.path for a in client.list_artifacts(tracker.run_id, "model")] == ["model/model_final.pth"]
+    assert client.get_run(tracker.run_id).data.metrics["train/loss"] == 1.0
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+    assert not _warnings(caplog)
