@@ -1,15 +1,39 @@
-"""Checkpoints: written atomically by the main process, loaded with clear errors."""
+"""Checkpoints: written atomically by the main process, loaded with clear errors, resumed exactly.
+
+A training checkpoint ``model_<iteration>.pth`` holds the model, optimizer and scheduler states, the
+iteration reached, the run's *fingerprint* (a hash of everything that determines the weights:
+training params, the training data and the code, see :func:`fingerprint`) and the random generator
+states of every process. :class:`Checkpointer` writes them (keeping the newest few) and finds the
+one to resume from: the newest readable checkpoint with the same fingerprint. Checkpoints of a run
+with another fingerprint are set aside in ``previous/`` (one generation is kept), never loaded.
+
+Files are written to a temporary name, flushed to disk and renamed: a process killed while writing
+leaves a ``.model_*.pth.*`` temporary file, which is never loaded and is removed at the next start.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import random
+import re
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from . import distributed
 from .errors import CheckpointError
 from .fileio import atomic_file
+
+log = logging.getLogger(__name__)
+NAME = re.compile(r"^model_(\d{7})\.pth$")
+SET_ASIDE = "previous"
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -18,15 +42,9 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def save(path: str | Path, **state: Any) -> None:
-    """``torch.save`` to a temporary file, then rename: a crash never leaves a truncated checkpoint."""
+    """``torch.save`` to a temporary file, flushed, then renamed: a crash never leaves a truncated checkpoint."""
     with atomic_file(path) as tmp:
         torch.save(state, str(tmp))
-
-
-def save_training_state(path: str | Path, *, model: nn.Module, optimizer, scheduler, iteration: int, **extra: Any) -> None:
-    """Everything needed to resume: model, optimizer, scheduler and the iteration reached."""
-    save(path, model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-         iteration=iteration, **extra)
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -41,3 +59,135 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: expected a checkpoint with a 'model' state dict")
     return state
+
+
+def fingerprint(*, params: dict[str, Any], data: str, root: Path | None = None) -> str:
+    """SHA-256 of what determines the trained weights: ``params`` (those that change the weights),
+    ``data`` (a hash of the training data) and the source of every project module loaded in this
+    process (``pipelines`` and ``stages`` under ``root``, the repository by default)."""
+    root = (root or Path(__file__).resolve().parents[1]).resolve()
+    code = []
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).suffix == ".py":
+            path = Path(file).resolve()
+            if path.is_relative_to(root) and path.relative_to(root).parts[0] in ("pipelines", "stages"):
+                code.append((str(path.relative_to(root)), hashlib.sha256(path.read_bytes()).hexdigest()))
+    blob = json.dumps({"params": params, "data": data, "code": sorted(code)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random generator states (torch, numpy, Python), as plain types."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+            "python": list(map(lambda x: list(x) if isinstance(x, tuple) else x, random.getstate()))}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """``(iteration, path)`` of the checkpoints in ``folder``, oldest first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME.match(p.name))]
+    return sorted(found)
+
+
+class Checkpointer:
+    """Writes and finds the training checkpoints of one run in ``folder``.
+
+    Args:
+        folder: where ``model_<iteration>.pth`` files go.
+        keep: how many of the newest checkpoints to keep (older ones are deleted after each save).
+        fingerprint: the run's :func:`fingerprint`; only checkpoints with the same one are resumed.
+        extra: more entries for every checkpoint (e.g. the categories, the MLflow run id).
+
+    :meth:`save` and :meth:`resume` are collective: every process calls them at the same iteration.
+    """
+
+    def __init__(self, folder: str | Path, *, keep: int, fingerprint: str, extra: dict[str, Any] | None = None):
+        self.folder = Path(folder)
+        self.keep = keep
+        self.fingerprint = fingerprint
+        self.extra = dict(extra or {})
+
+    def save(self, iteration: int, *, model: nn.Module, optimizer, scheduler) -> Path:
+        """Write the checkpoint of ``iteration`` (main process), then drop all but the newest ``keep``."""
+        rngs = distributed.gather_objects(rng_state())
+        path = self.folder / f"model_{iteration:07d}.pth"
+        if distributed.is_main_process():
+            save(path, model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(),
+                 scheduler=scheduler.state_dict(), iteration=iteration, fingerprint=self.fingerprint, rng=rngs,
+                 **self.extra)
+            for _, old in checkpoints(self.folder)[: -self.keep]:
+                old.unlink(missing_ok=True)
+        return path
+
+    def latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest readable checkpoint with this fingerprint, or ``None`` (main process only).
+
+        Removes temporary files of interrupted writes; sets aside the checkpoints if the newest
+        readable one has another fingerprint; skips, with a warning, any that cannot be read.
+        """
+        for tmp in self.folder.glob(".model_*.pth.*"):
+            tmp.unlink(missing_ok=True)
+        for _, path in reversed(checkpoints(self.folder)):
+            try:
+                state = load(path)
+            except CheckpointError as err:
+                log.warning("%s; not resuming from it", err)
+                continue
+            if state.get("fingerprint") == self.fingerprint:
+                return path, state
+            self.set_aside("made with other training params, data or code")
+            return None
+        return None
+
+    def set_aside(self, why: str) -> None:
+        """Move the checkpoints to ``previous/`` (replacing what was there), saying ``why`` in one line."""
+        found = checkpoints(self.folder)
+        if not found:
+            return
+        aside = self.folder / SET_ASIDE
+        shutil.rmtree(aside, ignore_errors=True)
+        aside.mkdir(parents=True)
+        for _, path in found:
+            path.rename(aside / path.name)
+        log.warning("%s: %d checkpoint(s) %s moved to %s; training starts from iteration 0", self.folder, len(found),
+                    why, aside)
+
+    def resume(self, *, model: nn.Module, optimizer, scheduler, interrupted: bool = True) -> tuple[int, dict[str, Any]]:
+        """Load the newest matching checkpoint into ``model``, ``optimizer``, ``scheduler`` and this
+        process's random generators; return ``(iteration, checkpoint extras)``, ``(0, {})`` if none.
+
+        Only an ``interrupted`` run (as the main process knows it) is resumed; a new one sets the
+        checkpoints of the one before aside. The main process reads the file and sends the states to
+        the others, so only its node needs the folder.
+        """
+        found = None
+        if distributed.is_main_process():
+            if interrupted:
+                found = self.latest()
+            else:
+                self.set_aside("of the run before")
+        state = distributed.broadcast_object(found[1] if found else None)
+        if state is None:
+            return 0, {}
+        unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        rngs = state.get("rng") or []
+        if distributed.get_rank() < len(rngs):
+            set_rng_state(rngs[distributed.get_rank()])
+        if found:
+            log.info("resuming from %s (iteration %d)", found[0], state["iteration"])
+        extras = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng")}
+        return int(state["iteration"]), extras

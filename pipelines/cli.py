@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from .errors import PipelineError
 
 DEBUG_ENV = "PIPELINES_DEBUG"
+LAUNCHED_ENV = "PIPELINES_LAUNCHED"  # set by pipelines.launch for the processes it starts
 
 
 def parse_args(description: str, argv: list[str] | None, *, params: bool = True, **paths: str) -> argparse.Namespace:
@@ -38,26 +41,41 @@ def setup_logging(rank: int = 0) -> None:
 
 
 def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
-    """Run a stage's ``main``; a :class:`PipelineError` becomes one line on stderr and exit code 2.
+    """Run a stage's ``main``; an error becomes one line, ``error: <message>``, and an exit code.
 
-    Under ``torchrun`` every failing process also records its error in the file torchrun names
-    (``TORCHELASTIC_ERROR_FILE``), so the message reaches the user even when another process fails
-    first and torchrun stops rank 0 before it prints. Set ``PIPELINES_DEBUG=1`` to get the full
-    traceback instead.
+    A :class:`PipelineError` exits with its ``exit_code`` (2, or 143 for a stop by SIGTERM); any other
+    exception with 1, its type named and no traceback. ``PIPELINES_DEBUG=1`` re-raises instead.
+    Under torchrun or :mod:`pipelines.launch`, the failing process also writes the line to the error
+    file torchrun names (``TORCHELASTIC_ERROR_FILE``); under the launcher only the launcher prints it
+    (once, for the whole group), otherwise rank 0 does.
     """
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
     try:
         main(argv)
-    except PipelineError as err:
+    except (PipelineError, Exception) as err:
         if os.environ.get(DEBUG_ENV):
             raise
-        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-            ErrorHandler().record_exception(err)
-        if rank == 0:
-            print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        if isinstance(err, PipelineError):
+            line, code = str(err), err.exit_code
+        else:
+            line, code = f"unexpected {type(err).__name__}: {_first_line(err)} (set {DEBUG_ENV}=1 for the traceback)", 1
+        _record(line)
+        if rank == 0 and not os.environ.get(LAUNCHED_ENV):
+            print(f"error: {line}", file=sys.stderr)
+        sys.exit(code)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _record(line: str) -> None:
+    """Write ``line`` where torchrun's agent reads a failed process's message (its error-file format)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"message": line, "timestamp": int(time.time())}, f)

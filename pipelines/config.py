@@ -113,6 +113,7 @@ class Train:
     clip_grad_norm: float = MISSING  # 0 turns clipping off
     log_period: int = MISSING
     checkpoint_period: int = MISSING
+    keep_checkpoints: int = MISSING  # newest checkpoints kept in outputs/train/checkpoints
 
 
 @dataclass
@@ -127,6 +128,7 @@ class Evaluate:
 @dataclass
 class Tracking:
     experiment: str = MISSING
+    log_checkpoints: bool = MISSING  # also store every checkpoint in MLflow (the final model always is)
 
 
 @dataclass
@@ -205,6 +207,18 @@ def to_flat_dict(params: Params) -> dict[str, Any]:
 
     walk("", params)
     return flat
+
+
+# Params that do not change the trained weights: they may differ between a run and its resumption.
+NOT_IN_WEIGHTS = ("loader.num_workers", "train.log_period", "train.checkpoint_period", "train.keep_checkpoints")
+
+
+def training_params(p: Params) -> dict[str, Any]:
+    """The params that determine the trained weights (dotted keys): ``seed`` and the ``model``,
+    ``augment``, ``loader`` and ``train`` sections, less :data:`NOT_IN_WEIGHTS`. The training data
+    is identified separately (by the annotation cache)."""
+    sections = ("seed", "model.", "augment.", "loader.", "train.")
+    return {k: v for k, v in to_flat_dict(p).items() if k.startswith(sections) and k not in NOT_IN_WEIGHTS}
 
 
 def _typed(schema: type, raw: dict, source: str, prefix: str) -> Any:
@@ -301,6 +315,7 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
     require(t.clip_grad_norm >= 0, "train.clip_grad_norm", "a value >= 0 (0 turns clipping off)", t.clip_grad_norm)
     require(t.log_period >= 1, "train.log_period", "at least 1 iteration", t.log_period)
     require(t.checkpoint_period >= 1, "train.checkpoint_period", "at least 1 iteration", t.checkpoint_period)
+    require(t.keep_checkpoints >= 1, "train.keep_checkpoints", "at least 1", t.keep_checkpoints)
     e = p.evaluate
     require(e.ims_per_batch >= 1, "evaluate.ims_per_batch", "at least 1 image", e.ims_per_batch)
     require(all(s > 0 for s in e.tta_scales), "evaluate.tta_scales", "positive sizes", e.tta_scales)

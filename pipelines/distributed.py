@@ -63,10 +63,12 @@ def synchronize() -> None:
 
 
 def reduce_loss_dict(loss_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Average scalar losses across processes, for logging; the result is valid on rank 0 only.
+    """Average scalar losses across processes, for logging and the non-finite check: the result is
+    valid on every process.
 
-    As in the seed's ``reduce_loss_dict``: keys sorted (in one process too), values stacked, ``dist.reduce`` to rank 0,
-    divided by the world size on rank 0. Other ranks get a tensor whose content is undefined.
+    As the seed's ``reduce_loss_dict`` (keys sorted, also in one process; values stacked, summed,
+    divided by the world size), but all-reduced instead of reduced to rank 0, so that every process
+    sees the same values and they stop together on a non-finite loss.
     """
     world_size = get_world_size()
     names = sorted(loss_dict)
@@ -74,9 +76,8 @@ def reduce_loss_dict(loss_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tens
         return {k: loss_dict[k].detach() for k in names}
     with torch.no_grad():
         stacked = torch.stack([loss_dict[k].detach().float() for k in names], dim=0)
-        dist.reduce(stacked, dst=0)
-        if dist.get_rank() == 0:
-            stacked /= world_size
+        dist.all_reduce(stacked)
+        stacked /= world_size
     return dict(zip(names, stacked))
 
 

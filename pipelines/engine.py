@@ -1,30 +1,55 @@
-"""The training loop (the seed's ``do_train``), with explicit arguments."""
+"""The training step and loop (the seed's ``do_train``), with explicit arguments.
+
+The loop checks the losses every iteration on every process (averaged across processes, so all
+stop together): a non-finite loss stops training with the iteration and the loss component named,
+and no checkpoint is written after it. A stop request (SIGTERM, see :class:`StopRequest`) is agreed
+on by all processes at the next iteration boundary, which is checkpointed before the loop stops.
+"""
 
 from __future__ import annotations
 
 import csv
 import logging
+import math
+import signal
+import threading
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from . import checkpoint
+from . import distributed
+from .checkpoint import Checkpointer
 from .data.collate import Batch
-from .distributed import is_main_process, reduce_loss_dict
+from .errors import Stopped, TrainingError
+from .fileio import atomic_file
 from .tracking import Tracker
 
 log = logging.getLogger(__name__)
 
 
 class MetricLog:
-    """Appends logged metrics to a CSV file (for ``dvc plots``) on the main process."""
+    """Logged metrics as a CSV file (for ``dvc plots``), written on the main process.
 
-    def __init__(self, path: str | Path | None):
-        self.path = Path(path) if path and is_main_process() else None
+    ``start_iter`` > 0 continues a log: rows after ``start_iter`` (logged by an interrupted run past
+    its last checkpoint) are dropped, so that a resumed run writes the file an uninterrupted one would.
+    """
+
+    def __init__(self, path: str | Path | None, *, start_iter: int = 0):
+        self.path = Path(path) if path and distributed.is_main_process() else None
         self._writer = None
         self._file = None
+        if self.path is not None and start_iter > 0 and self.path.is_file():
+            with open(self.path, newline="") as f:
+                reader = csv.DictReader(f)
+                fields, rows = reader.fieldnames, [r for r in reader if int(r["iteration"]) <= start_iter]
+            with atomic_file(self.path) as tmp, open(tmp, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=fields)
+                writer.writeheader()
+                writer.writerows(rows)
+            self._file = open(self.path, "a", newline="")
+            self._writer = csv.DictWriter(self._file, fieldnames=fields)
 
     def write(self, row: dict[str, float]) -> None:
         if self.path is None:
@@ -40,6 +65,29 @@ class MetricLog:
     def close(self) -> None:
         if self._file:
             self._file.close()
+
+
+class StopRequest:
+    """Set by SIGTERM (or :meth:`set`); the loop stops at the next iteration boundary once any process has it."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self.signal_name = "a stop request"
+
+    def install(self, signum: int = signal.SIGTERM) -> "StopRequest":
+        """Handle ``signum`` by setting the request instead of dying (main thread only)."""
+        def handler(received, _frame):
+            self.signal_name = signal.Signals(received).name
+            self._event.set()
+
+        signal.signal(signum, handler)
+        return self
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
 
 
 def train_step(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, scheduler,
@@ -63,48 +111,66 @@ def train_step(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Opti
 
 def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, scheduler, *, device: torch.device,
           max_iter: int, start_iter: int = 0, ims_per_batch: int, log_period: int = 20, checkpoint_period: int = 1000,
-          checkpoint_dir: str | Path, clip_grad_norm: float = 0.0, tracker: Tracker | None = None,
-          metric_log: MetricLog | None = None) -> None:
-    """Train for ``max_iter - start_iter`` iterations, one batch each (:func:`train_step`).
+          checkpointer: Checkpointer | None = None, clip_grad_norm: float = 0.0, tracker: Tracker | None = None,
+          tracked_until: int = 0, metric_log: MetricLog | None = None, stop: StopRequest | None = None) -> None:
+    """Train from ``start_iter`` to ``max_iter``, one batch of ``loader`` each (:func:`train_step`).
 
-    Losses are averaged across processes (:func:`reduce_loss_dict`) and, on the main process, logged
-    every ``log_period`` iterations with the learning rate and images per second (``ims_per_batch``
-    is the global batch) to ``tracker`` and ``metric_log``. Every ``checkpoint_period`` iterations
-    the main process writes ``model_<iteration>.pth`` to ``checkpoint_dir``.
+    Losses are averaged across processes and, on the main process, logged every ``log_period``
+    iterations and at ``max_iter`` with the learning rate and images per second (``ims_per_batch``
+    is the global batch) to ``metric_log`` and to ``tracker`` (steps up to ``tracked_until`` are
+    already there and not sent again). Every ``checkpoint_period`` iterations before ``max_iter``,
+    ``checkpointer`` writes a checkpoint.
+
+    Raises:
+        TrainingError: a non-finite loss (naming the iteration and the component).
+        Stopped: ``stop`` was set; the iteration reached is checkpointed first.
+        RuntimeError: the loader ended before ``max_iter``.
     """
     tracker = tracker or Tracker()
     metric_log = metric_log or MetricLog(None)
-    main = is_main_process()
+    main = distributed.is_main_process()
     model.train()
     progress = tqdm(total=max_iter, initial=start_iter, desc="train", unit="it", disable=not main, mininterval=2.0)
     window_start, window_iters = time.perf_counter(), 0
-    iteration = start_iter
+    iteration, last_checkpoint = start_iter, None
     for batch in loader:
         iteration += 1
         losses = train_step(model, batch.to(device, non_blocking=True), optimizer, scheduler, clip_grad_norm)
-        reduced = reduce_loss_dict(losses)
+        reduced_tensors = distributed.reduce_loss_dict(losses)
+        total = float(sum(reduced_tensors.values()))  # summed in float32, as logged before
+        reduced = {k: float(v) for k, v in reduced_tensors.items()}
         window_iters += 1
+        bad = [k for k, v in reduced.items() if not math.isfinite(v)]
+        if bad:
+            kept = f"the last checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was written"
+            raise TrainingError(f"iteration {iteration}: loss {bad[0]} is {reduced[bad[0]]} (not finite); training "
+                                f"stopped, {kept} (lower train.base_lr or raise train.warmup_iters)")
 
         if main and (iteration % log_period == 0 or iteration == max_iter):
             elapsed = time.perf_counter() - window_start
-            total = float(sum(reduced.values()))
-            if not torch.isfinite(torch.tensor(total)):
-                log.warning("iteration %d: loss is %s", iteration, total)
-            row = {"iteration": iteration, "loss": total, **{k: float(v) for k, v in reduced.items()},
+            row = {"iteration": iteration, "loss": total, **reduced,
                    "lr": optimizer.param_groups[0]["lr"]}
             metric_log.write(row)  # deterministic: the same params give the same file
             images_per_sec = ims_per_batch * window_iters / elapsed
-            tracker.log_metrics({**{f"train/{k}": v for k, v in row.items() if k != "iteration"},
-                                 "train/images_per_sec": images_per_sec}, step=iteration)
-            progress.set_postfix(loss=f"{total:.3f}", lr=f"{row['lr']:.2e}", ips=f"{images_per_sec:.1f}")
+            if iteration > tracked_until:
+                tracker.log_metrics({**{f"train/{k}": v for k, v in row.items() if k != "iteration"},
+                                     "train/images_per_sec": images_per_sec}, step=iteration)
+            progress.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}", ips=f"{images_per_sec:.1f}")
             window_start, window_iters = time.perf_counter(), 0
         progress.update(1)
 
-        if main and iteration % checkpoint_period == 0 and iteration < max_iter:
-            path = Path(checkpoint_dir) / f"model_{iteration:07d}.pth"
-            checkpoint.save_training_state(path, model=model, optimizer=optimizer, scheduler=scheduler, iteration=iteration)
-            tracker.log_artifact(path, "checkpoints")
-            log.info("iteration %d: checkpoint %s", iteration, path)
+        periodic = iteration % checkpoint_period == 0 and iteration < max_iter
+        stopping = stop is not None and distributed.all_reduce_max(float(stop.is_set())) > 0
+        if checkpointer is not None and (periodic or (stopping and iteration < max_iter)):
+            last_checkpoint = checkpointer.save(iteration, model=model, optimizer=optimizer, scheduler=scheduler)
+            if main:
+                log.info("iteration %d: checkpoint %s", iteration, last_checkpoint)
+        if stopping and iteration < max_iter:
+            progress.close()
+            metric_log.close()
+            where = f"; checkpoint {last_checkpoint}" if last_checkpoint else ""
+            raise Stopped(f"training stopped by {stop.signal_name} at iteration {iteration}{where}; "
+                          "run the stage again to resume")
     progress.close()
     metric_log.close()
     if iteration != max_iter:

@@ -6,7 +6,9 @@ expected. Stages print it without a traceback (see :mod:`pipelines.cli`).
 
 
 class PipelineError(Exception):
-    """Base class of the errors a user can cause and fix."""
+    """Base class of the errors a user can cause and fix; the process exits with ``exit_code``."""
+
+    exit_code = 2
 
 
 class ConfigError(PipelineError):
@@ -27,3 +29,33 @@ class CheckpointError(PipelineError):
 
 class TrackingError(PipelineError):
     """The MLflow run that an earlier stage recorded cannot be found."""
+
+
+class TrainingError(PipelineError):
+    """Training cannot go on (a non-finite loss)."""
+
+
+class OutputError(PipelineError):
+    """An output folder cannot be written: not a folder, not writable, or not enough free space."""
+
+
+class Stopped(PipelineError):
+    """Training was asked to stop (SIGTERM) and did so at an iteration boundary, after a checkpoint."""
+
+    exit_code = 128 + 15
+
+
+class ImageError(DatasetError):
+    """An image file is missing, is not a regular file, or cannot be decoded.
+
+    The message is ``<file>: <reason>``; ``file`` and ``reason`` are also kept apart for callers that
+    add context (validation adds the image id). Built from one argument (as the data loader re-raises a
+    worker's error), the message is that argument.
+    """
+
+    def __init__(self, file: str, reason: str = ""):
+        super().__init__(f"{file}: {reason}" if reason else str(file))
+        self.file, self.reason = str(file), reason
+
+    def __reduce__(self):
+        return type(self), (self.file, self.reason)

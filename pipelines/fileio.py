@@ -12,6 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import OutputError
+
+_UMASK = os.umask(0o022)  # reading the umask means setting it: put it straight back
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
@@ -46,7 +51,10 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would create it (mkstemp makes it private)
         yield Path(tmp)
+        with open(tmp, "rb+") as f:  # on disk before the rename, so a power loss cannot leave it empty
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -73,3 +81,24 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def check_writable(folder: str | Path, *, needed_bytes: int = 0) -> None:
+    """Make sure ``folder`` exists, takes a file, and has ``needed_bytes`` free.
+
+    Raises:
+        OutputError: in words (``Permission denied``, ``No space left on device``, ...), naming the folder.
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+        free = shutil.disk_usage(folder).free
+    except OSError as err:
+        raise OutputError(f"{folder}: cannot write there ({err.strerror or err})") from None
+    if free < needed_bytes:
+        raise OutputError(f"{folder}: No space left on device for the outputs (about {needed_bytes / 2**20:.0f} MB "
+                          f"needed, {free / 2**20:.0f} MB free)")

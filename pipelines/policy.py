@@ -108,7 +108,10 @@ def _check_genes(genes: Sequence[int], n_subpolicies: int) -> list[int]:
         raise ConfigError(f"augment.n_subpolicies: expected a positive integer, got {n_subpolicies!r}")
     if isinstance(genes, (str, bytes)) or not isinstance(genes, Sequence) and not hasattr(genes, "__iter__"):
         raise ConfigError(f"{_KEY}: expected a list of integers 0..{MAX_GENE}, got {type(genes).__name__}")
-    genes = list(genes)
+    try:
+        genes = list(genes)
+    except TypeError:  # iterable in name only, e.g. a 0-d numpy array
+        raise ConfigError(f"{_KEY}: expected a list of integers 0..{MAX_GENE}, got {type(genes).__name__}") from None
     expected = policy_length(n_subpolicies)
     if len(genes) != expected:
         raise ConfigError(f"{_KEY}: expected {expected} genes for {n_subpolicies} sub-policies "

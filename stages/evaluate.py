@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     p = load_params(args.params, world_size=world_size)
 
     run_id = read_run_id(args.run_file) if distributed.is_main_process() else None
-    cache = AnnotationCache(args.cache / "val")
+    cache = AnnotationCache(args.cache / "val", verify=True)
     state = checkpoint.load(args.model)
     if state.get("categories") != cache.categories:
         raise CheckpointError(f"{args.model}: trained on other categories than {args.cache / 'val'}")

@@ -2,7 +2,8 @@
 
 Writes ``<out>/{train,val}.json`` (validated COCO annotations), ``<out>/dataset.json`` (where each
 split's images are) and, for the synthetic dataset, ``<out>/images/``; plus a summary for
-``dvc metrics``. Nothing is replaced unless every split validates.
+``dvc metrics``. Nothing is replaced unless every split validates: every image decodes (with the
+decoder training uses) at the size its JSON states, and the train split has at least one usable box.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from pipelines import cli
 from pipelines.config import SyntheticDataset, load_params
 from pipelines.data.coco import validate_coco
+from pipelines.data.decode import decode_image
 from pipelines.data.synthetic import generate_split
 from pipelines.fileio import atomic_dir, write_json
 
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
                 image_dir = final_image_dir = Path(getattr(dataset, f"{split}_images"))
                 source = Path(getattr(dataset, f"{split}_annotations"))
             log.info("validating %s split: %s (images in %s)", split, source, final_image_dir)
-            cleaned, summary[split] = validate_coco(source, image_dir)
+            cleaned, summary[split] = validate_coco(source, image_dir, decode=decode_image,
+                                                    require_boxes=split == "train")
             if isinstance(dataset, SyntheticDataset):
                 source.unlink()
             write_json(tmp / f"{split}.json", cleaned, indent=None)

@@ -1,23 +1,30 @@
-"""Stage train: FCOS from scratch with DDP, launched by ``torchrun`` (gloo on CPU, NCCL on GPU).
+"""Stage train: FCOS from scratch with DDP, started by ``python -m pipelines.launch`` (torchrun's elastic launch).
 
-Writes the final model, periodic checkpoints, a training log for ``dvc plots`` and the MLflow run
-id that the evaluate stage adds its metrics to.
+Resumes exactly: a run that was killed or stopped continues from the newest checkpoint with the same
+fingerprint (training params, data and code) and gives the weights an uninterrupted run gives, in
+the same MLflow run. ``<out>/checkpoints/`` is the working folder (checkpoints, and this attempt's
+log, preview and ``run.json``); the outputs (final model, training log, preview, ``run.json``)
+replace the previous ones only when training has finished; until then the previous ones stay.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from pipelines import build, checkpoint, cli, distributed
-from pipelines.config import load_params, to_flat_dict
+from pipelines.config import load_params, to_flat_dict, training_params
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data.preview import augmentation_preview
-from pipelines.engine import MetricLog, train
-from pipelines.tracking import Tracker, write_run_file
+from pipelines.engine import MetricLog, StopRequest, train
+from pipelines.errors import Stopped
+from pipelines.fileio import atomic_file, check_writable
+from pipelines.tracking import Tracker, close_run, write_run_file
 
 log = logging.getLogger("train")
 PREVIEW_SAMPLES = 6
@@ -28,38 +35,62 @@ def main(argv: list[str] | None = None) -> None:
                           out="folder for model_final.pth, checkpoints/, run.json",
                           train_log="training log (CSV) for dvc plots",
                           preview="PNG of samples before and after augmentation")
-
+    stop = StopRequest().install()
     device = distributed.init_from_env()
     rank, world_size, main_process = distributed.get_rank(), distributed.get_world_size(), distributed.is_main_process()
     p = load_params(args.params, world_size=world_size)
     t = p.train
     torch.manual_seed(p.seed)
 
-    cache = AnnotationCache(args.cache / "train")
+    cache = AnnotationCache(args.cache / "train", verify=True)
     dataset = DetectionDataset(cache, transforms=build.train_transforms(p), seed=p.seed)
-    loader = build.train_loader(p, dataset, rank=rank, world_size=world_size, device=device)
     model = build.detector(p, num_classes=len(cache.categories)).to(device)
     optimizer = build.optimizer(p, model)
     scheduler = build.scheduler(p, optimizer)
+    work = args.out / "checkpoints"  # persistent: checkpoints, and this run's log and preview until it ends
+    if main_process:
+        model_bytes = sum(x.numel() * x.element_size() for x in model.state_dict().values())
+        for folder, needed in ((work, 3 * model_bytes * (t.keep_checkpoints + 1)), (args.out, model_bytes),
+                               (args.train_log.parent, 0), (args.preview.parent, 0)):
+            check_writable(folder, needed_bytes=needed)
+    fingerprint = checkpoint.fingerprint(params=training_params(p), data=json.dumps(cache.meta["arrays"]))
+    checkpointer = checkpoint.Checkpointer(work, keep=t.keep_checkpoints, fingerprint=fingerprint,
+                                           extra={"categories": cache.categories})
+    state_file = work / "run.json"  # this attempt's run id, fingerprint and status; outputs/train/run.json at the end
+    previous = _read_run_file(state_file) if main_process else {}
+    interrupted = previous.get("status") == "running"
+    start_iter, _ = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, interrupted=interrupted)
+    loader = build.train_loader(p, dataset, rank=rank, world_size=world_size, device=device, start_iter=start_iter)
     if world_size > 1:
         model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-    log.info("%d images, %d classes, %.1fM parameters, %d processes on %s, batch %d",
+    log.info("%d images, %d classes, %.1fM parameters, %d processes on %s, batch %d, iterations %d to %d",
              len(dataset), len(cache.categories), sum(x.numel() for x in model.parameters()) / 1e6,
-             world_size, device.type, t.ims_per_batch)
+             world_size, device.type, t.ims_per_batch, start_iter, t.max_iter)
 
-    tracker = Tracker.start(experiment=p.tracking.experiment, params=to_flat_dict(p), main_process=main_process)
-    tracker.log_artifact(args.params)
+    tracker, tracked_until = _tracker(p, previous, fingerprint, resumed=start_iter > 0, main_process=main_process)
+    preview, train_log = work / args.preview.name, work / args.train_log.name
+    if start_iter == 0:
+        train_log.unlink(missing_ok=True)
     if main_process:
-        if (policy := build.policy(p)) is not None:
-            log.info("Scale-aware AutoAugment policy:\n%s", policy)
-            tracker.log_text(str(policy), "augment_policy.txt")
+        write_run_file(state_file, run_id=tracker.run_id, experiment=p.tracking.experiment, fingerprint=fingerprint,
+                       status="running")
+        if start_iter == 0:
+            tracker.log_artifact(args.params)
+            if (policy := build.policy(p)) is not None:
+                log.info("Scale-aware AutoAugment policy:\n%s", policy)
+                tracker.log_text(str(policy), "augment_policy.txt")
         plain = DetectionDataset(cache, transforms=build.train_transforms(p, augment=False), seed=p.seed)
-        augmentation_preview(plain, dataset, count=PREVIEW_SAMPLES, iteration=t.max_iter, path=args.preview)
-        tracker.log_artifact(args.preview, "preview")
+        augmentation_preview(plain, dataset, count=PREVIEW_SAMPLES, iteration=t.max_iter, path=preview)
+        if start_iter == 0:
+            tracker.log_artifact(preview, "preview")
     try:
-        train(model, loader, optimizer, scheduler, device=device, max_iter=t.max_iter, ims_per_batch=t.ims_per_batch,
-              log_period=t.log_period, checkpoint_period=t.checkpoint_period, checkpoint_dir=args.out / "checkpoints",
-              clip_grad_norm=t.clip_grad_norm, tracker=tracker, metric_log=MetricLog(args.train_log))
+        train(model, loader, optimizer, scheduler, device=device, max_iter=t.max_iter, start_iter=start_iter,
+              ims_per_batch=t.ims_per_batch, log_period=t.log_period, checkpoint_period=t.checkpoint_period,
+              checkpointer=checkpointer, clip_grad_norm=t.clip_grad_norm, tracker=tracker,
+              tracked_until=tracked_until, metric_log=MetricLog(train_log, start_iter=start_iter), stop=stop)
+    except Stopped:
+        tracker.finish("KILLED")
+        raise
     except BaseException:
         tracker.finish("FAILED")
         raise
@@ -67,11 +98,46 @@ def main(argv: list[str] | None = None) -> None:
         final = args.out / "model_final.pth"
         checkpoint.save(final, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
                         iteration=t.max_iter)
+        for source, target in ((train_log, args.train_log), (preview, args.preview)):
+            with atomic_file(target) as tmp:
+                shutil.copyfile(source, tmp)
         tracker.log_artifact(final, "model")
         tracker.log_artifact(args.train_log)
-        write_run_file(args.out / "run.json", run_id=tracker.run_id, experiment=p.tracking.experiment)
+        if p.tracking.log_checkpoints:
+            for _, path in checkpoint.checkpoints(work):
+                tracker.log_artifact(path, "checkpoints")
+        for path in (state_file, args.out / "run.json"):
+            write_run_file(path, run_id=tracker.run_id, experiment=p.tracking.experiment, fingerprint=fingerprint,
+                           status="finished")
+        shutil.rmtree(work / checkpoint.SET_ASIDE, ignore_errors=True)  # the run before is no longer needed
         tracker.finish()
     distributed.shutdown()
+
+
+def _read_run_file(path) -> dict:
+    """The run file of the start before (``{}`` if there is none or it is unreadable)."""
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return previous if isinstance(previous, dict) else {}
+
+
+def _tracker(p, previous: dict, fingerprint: str, *, resumed: bool, main_process: bool) -> tuple[Tracker, int]:
+    """The MLflow run: the interrupted one when resuming (and the last step it has), else a new one.
+
+    ``previous`` is the run file of the start before. A run that it left RUNNING and that is not
+    continued is closed as KILLED.
+    """
+    if not main_process:
+        return Tracker(), 0
+    interrupted = previous.get("status") == "running" and previous.get("run_id")
+    if resumed and interrupted and previous.get("fingerprint") == fingerprint:
+        tracker = Tracker.resume(previous["run_id"])
+        return tracker, tracker.last_step("train/loss")
+    if interrupted:
+        close_run(previous["run_id"], "KILLED")
+    return Tracker.start(experiment=p.tracking.experiment, params=to_flat_dict(p)), 0
 
 
 if __name__ == "__main__":

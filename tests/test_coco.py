@@ -1,11 +1,24 @@
 import copy
 import json
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
+from torchvision.io import ImageReadMode
+from torchvision.io import decode_image as torchvision_decode_image
 
-from pipelines.data.coco import validate_coco
-from pipelines.errors import DatasetError
+from pipelines.data import coco
+from pipelines.data.decode import decode_image
+from pipelines.errors import DatasetError, ImageError
+
+
+def validate_coco(annotations, images, **kwargs):
+    """The validator as the prepare stage calls it: with the training decoder."""
+    return coco.validate_coco(annotations, images, decode=decode_image, **kwargs)
 
 
 @pytest.fixture
@@ -45,6 +58,13 @@ def _error(write, images, coco) -> str:
     return text
 
 
+def test_validation_needs_no_torch():
+    """The cache stage imports this module for the JSON reader: the decoder is passed in, not imported."""
+    code = "import sys, pipelines.data.coco; assert 'torch' not in sys.modules, 'torch imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_structural_errors_name_file_and_id(dataset):
     write, images, coco = dataset
     c = copy.deepcopy(coco)
@@ -58,7 +78,8 @@ def test_structural_errors_name_file_and_id(dataset):
     c = copy.deepcopy(coco)
     c["annotations"][0]["image_id"] = 999
     text = _error(write, images, c)
-    assert "instances.json" in text and f"annotation id {c['annotations'][0]['id']}" in text and "missing image id 999" in text
+    assert "instances.json" in text and f"annotation id {c['annotations'][0]['id']}" in text
+    assert "missing image id 999" in text
 
     c = copy.deepcopy(coco)
     c["annotations"][0]["category_id"] = 2  # a gap in the synthetic ids
@@ -103,6 +124,96 @@ def test_missing_unreadable_and_mismatched_images(dataset):
 
     Image.new("RGB", (10, 20)).save(images / coco["images"][1]["file_name"])
     assert "image id 2: file is 10x20 but instances.json says" in _error(write, images, coco)
+
+
+def test_images_are_decoded_in_full(dataset):
+    """A truncated JPEG has a valid header (opening it used to pass); decoding the whole file does not."""
+    write, images, coco = dataset
+    file = images / coco["images"][2]["file_name"]
+    file.write_bytes(file.read_bytes()[:-200])
+    assert _error(write, images, coco) == f"{file}: image id 3: unreadable image (Image is incomplete or truncated)"
+
+
+def test_symlinks_must_stay_inside_the_image_folder(dataset, tmp_path):
+    write, images, coco = dataset
+    name = coco["images"][0]["file_name"]
+    (images / "sub").mkdir()
+    os.replace(images / name, images / "sub" / name)
+    (images / name).symlink_to(images / "sub" / name)  # inside the folder: fine
+    cleaned, _ = validate_coco(write(coco), images)
+    assert cleaned["images"][0]["file_name"] == name
+
+    outside = tmp_path / "elsewhere.jpg"
+    os.replace(images / "sub" / name, outside)
+    (images / name).unlink()
+    (images / name).symlink_to(outside)
+    assert _error(write, images, coco) == (
+        f"{images / name}: image id 1: links to {outside.resolve()}, outside the image folder {images.resolve()}"
+    )
+
+
+def test_an_image_folder_reached_through_a_symlink_is_fine(dataset, tmp_path):
+    write, images, coco = dataset
+    link = tmp_path / "link"
+    link.symlink_to(images, target_is_directory=True)
+    _, summary = validate_coco(write(coco), link)
+    assert summary["images"] == 4
+
+
+def test_empty_split_and_train_split_without_usable_boxes(dataset):
+    write, images, coco = dataset
+    c = copy.deepcopy(coco)
+    c["images"], c["annotations"] = [], []
+    assert _error(write, images, c).endswith("instances.json: no images: the split is empty")
+
+    c = copy.deepcopy(coco)
+    for i, ann in enumerate(c["annotations"]):
+        if i % 2:
+            ann["iscrowd"] = 1
+        else:
+            ann["bbox"] = [1, 1, 0, 5]  # degenerate: rejected
+    validate_coco(write(c), images)  # a val split may have no usable box
+    crowd = len(c["annotations"]) // 2
+    with pytest.raises(DatasetError) as err:
+        validate_coco(write(c), images, require_boxes=True)
+    assert str(err.value).endswith(f"instances.json: no usable box to train on ({len(c['annotations'])} annotations: "
+                                   f"{crowd} crowd, {len(c['annotations']) - crowd} rejected)")
+
+
+def test_decoder_gives_the_training_pixels_or_one_line(tmp_path):
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (24, 40, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "rgb.jpg", quality=90)
+    image = decode_image(tmp_path / "rgb.jpg")
+    assert torch.equal(image, torchvision_decode_image(str(tmp_path / "rgb.jpg"), mode=ImageReadMode.RGB))
+
+    Image.fromarray(pixels).convert("L").save(tmp_path / "grey.jpg")
+    Image.fromarray(pixels).convert("CMYK").save(tmp_path / "cmyk.jpg")
+    Image.fromarray(pixels).save(tmp_path / "png.jpg", format="PNG")
+    Image.fromarray(pixels).convert("RGBA").save(tmp_path / "rgba.png")
+    Image.fromarray(pixels[..., 0].astype(np.uint16) * 257).save(tmp_path / "deep.png")
+    for name in ("grey.jpg", "cmyk.jpg", "png.jpg", "rgba.png", "deep.png"):
+        image = decode_image(tmp_path / name)
+        assert image.dtype == torch.uint8 and image.shape == (3, 24, 40), name
+    assert torch.equal(decode_image(tmp_path / "deep.png")[0], torch.from_numpy(pixels[..., 0]))
+
+    data = (tmp_path / "rgb.jpg").read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
+    (tmp_path / "text.jpg").write_text("not an image")
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "folder.jpg").mkdir()
+    expected = {
+        "cut.jpg": "unreadable image (Image is incomplete or truncated)",
+        "text.jpg": "unreadable image (not a JPEG, PNG, WebP or GIF file)",
+        "empty.jpg": "empty file",
+        "folder.jpg": "not a regular file",
+        "absent.jpg": "image file not found",
+    }
+    for name, reason in expected.items():
+        with pytest.raises(ImageError) as err:
+            decode_image(tmp_path / name)
+        assert str(err.value) == f"{tmp_path / name}: {reason}"
+        assert err.value.reason == reason
 
 
 def test_boxes_are_clipped_or_rejected_and_counted(dataset):

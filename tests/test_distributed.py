@@ -37,9 +37,9 @@ def test_helpers_with_two_gloo_processes(tmp_path):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(2))
 
-    # The seed's reduce_loss_dict: sorted keys, reduced to rank 0, divided by the world size there.
-    assert r0["keys"] == ["loss_a", "loss_b", "loss_c"]
-    assert r0["reduced"] == {"loss_a": 15.0, "loss_b": 1.5, "loss_c": -1.5}
+    # The seed's reduce_loss_dict: sorted keys, summed and divided by the world size, here on every rank.
+    assert r0["keys"] == r1["keys"] == ["loss_a", "loss_b", "loss_c"]
+    assert r0["reduced"] == r1["reduced"] == {"loss_a": 15.0, "loss_b": 1.5, "loss_c": -1.5}
     assert r0["unchanged"] and r1["unchanged"]  # the tensors used for backward are untouched
 
     assert r0["gathered"] == [{"rank": 0, "items": [0]}, {"rank": 1, "items": [0, 1]}]
@@ -53,7 +53,8 @@ def test_single_process_fallbacks():
     assert not distributed.is_initialized()
     assert distributed.get_world_size() == 1 and distributed.get_rank() == 0 and distributed.is_main_process()
     losses = {"b": torch.tensor(2.0), "a": torch.tensor(1.0)}
-    assert {k: float(v) for k, v in distributed.reduce_loss_dict(losses).items()} == {"b": 2.0, "a": 1.0}
+    reduced = distributed.reduce_loss_dict(losses)
+    assert list(reduced) == ["a", "b"] and {k: float(v) for k, v in reduced.items()} == {"a": 1.0, "b": 2.0}
     assert distributed.gather_objects(3) == [3]
     assert distributed.broadcast_object("x") == "x"
     assert distributed.all_reduce_max(4.0) == 4.0

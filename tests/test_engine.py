@@ -8,8 +8,10 @@ import torch
 from torch import nn
 
 from pipelines import checkpoint
+from pipelines.checkpoint import Checkpointer
 from pipelines.data.collate import Batch
-from pipelines.engine import MetricLog, train, train_step
+from pipelines.engine import MetricLog, StopRequest, train, train_step
+from pipelines.errors import Stopped, TrainingError
 from pipelines.solver import build_lr_scheduler
 
 
@@ -67,35 +69,95 @@ def test_train_step_clips_the_gradient_norm():
     assert steps[0.0] > 10 * steps[1e-3]
 
 
-def test_loop_checkpoints_every_period_but_not_at_the_end(tmp_path):
+def _checkpointer(folder, keep=5, fingerprint="f"):
+    return Checkpointer(folder, keep=keep, fingerprint=fingerprint, extra={"categories": []})
+
+
+def test_loop_checkpoints_every_period_but_not_at_the_end_and_keeps_the_newest(tmp_path):
     model, optimizer, scheduler = _setup()
     train(model, _batches(7), optimizer, scheduler, device=torch.device("cpu"), max_iter=7, ims_per_batch=2,
-          log_period=100, checkpoint_period=3, checkpoint_dir=tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_0000003.pth", "model_0000006.pth"]
+          log_period=100, checkpoint_period=2, checkpointer=_checkpointer(tmp_path, keep=2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_0000004.pth", "model_0000006.pth"]
     state = checkpoint.load(tmp_path / "model_0000006.pth")
-    assert state["iteration"] == 6 and state["scheduler"]["last_epoch"] == 6
-    assert set(state) == {"model", "optimizer", "scheduler", "iteration"}
+    assert state["iteration"] == 6 and state["scheduler"]["last_epoch"] == 6 and state["fingerprint"] == "f"
+    assert set(state) == {"model", "optimizer", "scheduler", "iteration", "fingerprint", "rng", "categories"}
 
 
 def test_loop_resumed_at_start_iter_counts_from_there(tmp_path):
     model, optimizer, scheduler = _setup()
     train(model, _batches(3), optimizer, scheduler, device=torch.device("cpu"), start_iter=4, max_iter=7,
-          ims_per_batch=2, checkpoint_period=5, checkpoint_dir=tmp_path)
+          ims_per_batch=2, checkpoint_period=5, checkpointer=_checkpointer(tmp_path))
     assert [p.name for p in tmp_path.iterdir()] == ["model_0000005.pth"]
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    batches = _batches(8)
+    model, optimizer, scheduler = _setup()
+    train(model, batches, optimizer, scheduler, device=torch.device("cpu"), max_iter=8, ims_per_batch=2)
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+
+    model, optimizer, scheduler = _setup()
+    with pytest.raises(RuntimeError, match="ended at iteration 5"):  # as if killed after iteration 5
+        train(model, batches[:5], optimizer, scheduler, device=torch.device("cpu"), max_iter=8, ims_per_batch=2,
+              checkpoint_period=3, checkpointer=_checkpointer(tmp_path))
+    model, optimizer, scheduler = _setup()
+    torch.nn.init.zeros_(model.linear.weight)  # whatever the fresh state, the checkpoint replaces it
+    start, extras = _checkpointer(tmp_path).resume(model=model, optimizer=optimizer, scheduler=scheduler)
+    assert start == 3 and extras["iteration"] == 3
+    train(model, batches[3:], optimizer, scheduler, device=torch.device("cpu"), start_iter=3, max_iter=8,
+          ims_per_batch=2)
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted, model.parameters()))
+
+
+def test_checkpoints_of_another_fingerprint_are_set_aside(tmp_path):
+    model, optimizer, scheduler = _setup()
+    train(model, _batches(4), optimizer, scheduler, device=torch.device("cpu"), max_iter=4, ims_per_batch=2,
+          checkpoint_period=2, checkpointer=_checkpointer(tmp_path, fingerprint="old"))
+    (tmp_path / ".model_0000003.pth.abc123").write_bytes(b"half")  # a write that was interrupted
+    start, _ = _checkpointer(tmp_path, fingerprint="new").resume(model=model, optimizer=optimizer, scheduler=scheduler)
+    assert start == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["previous"]
+    assert [p.name for p in (tmp_path / "previous").iterdir()] == ["model_0000002.pth"]
+
+
+def test_an_unreadable_checkpoint_is_skipped_for_the_one_before(tmp_path):
+    model, optimizer, scheduler = _setup()
+    train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2,
+          checkpoint_period=2, checkpointer=_checkpointer(tmp_path))
+    (tmp_path / "model_0000004.pth").write_bytes(b"not a checkpoint")
+    start, _ = _checkpointer(tmp_path).resume(model=model, optimizer=optimizer, scheduler=scheduler)
+    assert start == 2
+
+
+def test_a_non_finite_loss_stops_training_naming_iteration_and_component(tmp_path):
+    model, optimizer, scheduler = _setup(lr=1e30)
+    with pytest.raises(TrainingError, match=r"^iteration \d+: loss (bbox_regression|classification) is (nan|inf)"):
+        train(model, _batches(10), optimizer, scheduler, device=torch.device("cpu"), max_iter=10, ims_per_batch=2,
+              checkpoint_period=100, checkpointer=_checkpointer(tmp_path))
+    assert not list(tmp_path.iterdir())  # no checkpoint of a diverged model
+
+
+def test_a_stop_request_checkpoints_the_next_iteration_and_stops(tmp_path):
+    model, optimizer, scheduler = _setup()
+    stop = StopRequest()
+    stop.set()
+    with pytest.raises(Stopped, match=r"stopped by a stop request at iteration 1; checkpoint .*model_0000001.pth"):
+        train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2,
+              checkpointer=_checkpointer(tmp_path), stop=stop)
+    assert checkpoint.load(tmp_path / "model_0000001.pth")["iteration"] == 1
 
 
 def test_a_loader_that_ends_early_is_an_error(tmp_path):
     model, optimizer, scheduler = _setup()
     with pytest.raises(RuntimeError, match="the loader ended at iteration 3, expected 5"):
-        train(model, _batches(3), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2,
-              checkpoint_dir=tmp_path)
+        train(model, _batches(3), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2)
 
 
 def test_metric_log_has_a_row_every_period_and_at_the_end(tmp_path):
     model, optimizer, scheduler = _setup()
     log = tmp_path / "log.csv"
     train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2,
-          log_period=2, checkpoint_dir=tmp_path / "ckpt", metric_log=MetricLog(log))
+          log_period=2, checkpointer=_checkpointer(tmp_path / "ckpt"), metric_log=MetricLog(log))
     with open(log, newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["iteration"]) for r in rows] == [2, 4, 5]
@@ -104,3 +166,7 @@ def test_metric_log_has_a_row_every_period_and_at_the_end(tmp_path):
         assert float(row["loss"]) == pytest.approx(float(row["classification"]) + float(row["bbox_regression"]), rel=1e-4)
     assert float(rows[-1]["lr"]) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-5)
     assert not (tmp_path / "ckpt").exists()  # checkpoint_period (1000) never reached
+
+    MetricLog(log, start_iter=3).close()  # a run resumed from iteration 3 drops what came after it
+    with open(log, newline="") as f:
+        assert [int(r["iteration"]) for r in csv.DictReader(f)] == [2]

@@ -81,7 +81,7 @@ def _stages() -> dict[str, tuple[set[str], list[str]]]:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     stages = {}
     for name, stage in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].items():
-        modules = set(re.findall(r"-m ((?:stages|pipelines)\.\w+)", stage["cmd"]))
+        modules = set(re.findall(r"-m (pipelines\.\w+)", stage["cmd"])) | set(re.findall(r"\b(stages\.\w+)", stage["cmd"]))
         stages[name] = modules, [_resolve(dep, params).rstrip("/") for dep in stage["deps"]]
     return stages
 

@@ -1,11 +1,15 @@
 """End to end: ``dvc repro`` of all four stages on a tiny configuration in a copy of the repository."""
 
+import hashlib
 import json
 import os
+import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +22,9 @@ pytestmark = pytest.mark.slow
 TINY = [
     "dataset.train_size=16", "dataset.val_size=6", "dataset.min_side=128", "dataset.max_side=192",
     "model.min_size_train=[128]", "model.max_size_train=192", "model.min_size_test=128", "model.max_size_test=192",
-    "train.max_iter=4", "train.ims_per_batch=4", "train.log_period=1", "train.checkpoint_period=2",
-    "train.warmup_iters=1", "evaluate.ims_per_batch=2", "loader.num_workers=0",
-]
+    "train.max_iter=4", "train.ims_per_batch=4", "train.log_period=1", "train.warmup_iters=1",
+    "evaluate.ims_per_batch=2", "loader.num_workers=0",
+]  # train.checkpoint_period stays 250: a run shorter than the checkpoint period must work
 
 
 def _copy_repo(dest: Path) -> None:
@@ -47,9 +51,9 @@ def _env() -> dict:
     return env
 
 
-def _repro(repo: Path) -> set[str]:
+def _repro(repo: Path, *args: str) -> set[str]:
     """Run ``dvc repro``; return the stages that ran."""
-    done = subprocess.run(["dvc", "repro"], cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(["dvc", "repro", *args], cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return set(re.findall(r"Running stage '(\w+)'", done.stdout))
 
@@ -107,7 +111,8 @@ def test_repro_runs_four_stages_and_records_one_mlflow_run(repo):
     assert {"train/lr", "train/classification", "eval/AP", "eval/AP50"} <= set(run.data.metrics)
     assert run.data.metrics["eval/AP"] == pytest.approx(metrics["AP"])
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"model", "checkpoints", "eval", "params.yaml", "preview", "augment_policy.txt"} <= artifacts
+    assert {"model", "eval", "params.yaml", "preview", "augment_policy.txt"} <= artifacts
+    assert "checkpoints" not in artifacts  # tracking.log_checkpoints is off by default
     assert (repo / "outputs" / "train" / "augment_preview.png").stat().st_size > 0
     assert [a.path for a in client.list_artifacts(run.info.run_id, "model")] == ["model/model_final.pth"]
     assert run.info.status == "FINISHED"
@@ -156,3 +161,127 @@ def test_switching_the_augmentation_preset_reruns_train_and_evaluate(repo):
     artifacts = {a.path for a in client.list_artifacts(latest.info.run_id)}
     assert "preview" in artifacts and "augment_policy.txt" not in artifacts
     assert "eval/AP" in latest.data.metrics
+
+
+OUTPUTS = ("data/prepared", "data/cache", "outputs/train/model_final.pth", "outputs/train/run.json",
+           "outputs/train/augment_preview.png", "outputs/eval/detections.json", "metrics/dataset.json",
+           "metrics/train_log.csv", "metrics/eval.json", "metrics/pr_curve.json")
+
+
+def _snapshot(repo: Path) -> dict[str, bytes]:
+    files = {}
+    for name in OUTPUTS:
+        path = repo / name
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if file.is_file():
+                files[str(file.relative_to(repo))] = file.read_bytes()
+    return files
+
+
+@pytest.mark.parametrize(("section", "key", "value", "message"), [
+    ("train", "ims_per_batch", 7, "train.ims_per_batch: expected a multiple of the number of processes"),
+    ("dataset", "max_objects", 0, "dataset.max_objects: expected >= dataset.min_objects"),
+    ("train", "base_lr", 1e30, "(not finite); training stopped"),
+])
+def test_a_failing_stage_keeps_every_earlier_output(repo, section, key, value, message):
+    before = _snapshot(repo)
+    assert len(before) > 20
+    params = (repo / "params.yaml").read_text()
+    _set_param(repo, section, key, value)
+    try:
+        done = subprocess.run(["dvc", "repro"], cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
+    finally:
+        (repo / "params.yaml").write_text(params)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in done.stderr
+    assert _snapshot(repo) == before  # nothing removed, nothing half-written
+    assert _repro(repo) == set()  # and the pipeline is still up to date
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return children + [d for c in children for d in _descendants(c)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _interrupt_training(repo: Path, *, at: int, target: str, sig: int) -> tuple[subprocess.CompletedProcess, int]:
+    """Start ``dvc repro``; once the training log has a row for iteration ``at`` or later, send ``sig`` to
+    one of the processes the test started (``target``: a ``worker`` or the ``launcher``), found by pid
+    among its descendants. Returns the finished ``dvc repro`` and the iteration the log had reached."""
+    log = repo / "outputs" / "train" / "checkpoints" / "train_log.csv"
+    dvc = subprocess.Popen(["dvc", "repro"], cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    deadline, reached = time.monotonic() + 600, 0
+    while time.monotonic() < deadline and dvc.poll() is None:
+        rows = log.read_text().splitlines()[1:] if log.is_file() else []
+        reached = int(rows[-1].split(",")[0]) if rows else 0
+        if reached >= at:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"training did not reach iteration {at}: {dvc.communicate()[1][-2000:]}")
+    processes = [pid for pid in _descendants(dvc.pid) if "stages.train" in _cmdline(pid)]
+    launcher = [pid for pid in processes if "pipelines.launch" in _cmdline(pid)]
+    workers = [pid for pid in processes if pid not in launcher]
+    os.kill(random.Random(at).choice(workers) if target == "worker" else launcher[0], sig)
+    stdout, stderr = dvc.communicate(timeout=600)
+    return subprocess.CompletedProcess(dvc.args, dvc.returncode, stdout, stderr), reached
+
+
+def _weights(repo: Path) -> bytes:
+    return (repo / "outputs" / "train" / "model_final.pth").read_bytes()
+
+
+def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo):
+    _set_param(repo, "train", "max_iter", 10)
+    _set_param(repo, "train", "checkpoint_period", 2)
+    assert {"train", "evaluate"} <= _repro(repo)
+    uninterrupted = hashlib.sha256(_weights(repo)).hexdigest()
+    client, runs = _runs(repo)
+    count = len(runs)
+
+    _set_param(repo, "train", "log_period", 2)  # a new run (other params): it starts from iteration 0
+    (repo / "outputs" / "train" / "checkpoints" / "train_log.csv").unlink()
+    killed, reached = _interrupt_training(repo, at=random.Random().randint(3, 6), target="worker",
+                                          sig=signal.SIGKILL)
+    assert killed.returncode != 0
+    errors = [line for line in killed.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "was killed by SIGKILL" in errors[0], killed.stderr[-3000:]
+    assert "ChildFailedError" not in killed.stderr
+    assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted  # the earlier model is still there
+
+    stopped, _ = _interrupt_training(repo, at=reached + 1, target="launcher", sig=signal.SIGTERM)  # resumes first
+    assert stopped.returncode != 0
+    assert "stopped by SIGTERM" in stopped.stderr and "resuming from" in stopped.stderr
+    resumed = subprocess.run(["dvc", "repro"], cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr and "(iteration" in resumed.stderr
+    assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted
+
+    client, runs = _runs(repo)
+    assert len(runs) == count + 1  # the killed, stopped and resumed run is one MLflow run
+    latest = max(runs, key=lambda r: r.info.start_time)
+    assert latest.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(latest.info.run_id, "train/loss")]
+    assert sorted(steps) == [2, 4, 6, 8, 10]  # no step logged twice
+    assert all(r.info.status in ("FINISHED", "FAILED", "KILLED") for r in runs)
+
+
+def test_an_unreachable_tracking_store_does_not_stop_training_or_evaluation(repo):
+    env = {**_env(), "MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # nothing listens on port 9
+    done = subprocess.run(["dvc", "repro", "--force", "train", "evaluate"], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((repo / "outputs" / "train" / "run.json").read_text())["run_id"] is None
+    assert "MLflow store http://127.0.0.1:9 unreachable: this run is not tracked" in done.stderr
+    assert json.loads((repo / "metrics" / "eval.json").read_text())["AP"] is not None
+    assert "Traceback" not in done.stderr

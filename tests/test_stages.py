@@ -116,3 +116,26 @@ def test_cache_stage_rebuilds_a_corrupt_cache(base_params, tmp_path):
     assert fixed.stderr.count("cached") == 2
     assert AnnotationCache(cache / "val", verify=True).meta["num_images"] == 3
     assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no half-written or old folders left
+
+
+def test_a_full_output_folder_stops_training_before_it_starts(base_params, tmp_path):
+    params = copy.deepcopy(base_params)
+    params["dataset"].update(train_size=6, val_size=3, min_side=128, max_side=160)
+    params["train"].update(nproc=1, ims_per_batch=2, max_iter=2, warmup_iters=1)
+    params["evaluate"].update(ims_per_batch=2)
+    path = _write_params(tmp_path / "params.yaml", params)
+    assert _run("stages.prepare", "--params", path, "--out", "prepared", "--metrics", "m.json", cwd=tmp_path).returncode == 0
+    assert _run("stages.cache", "--prepared", "prepared", "--out", "cache", cwd=tmp_path).returncode == 0
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        done = _run("stages.train", "--params", path, "--cache", "cache", "--out", str(full / "train"),
+                    "--train-log", "log.csv", "--preview", "p.png", cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "checkpoints: No space left on device for the outputs" in errors[0]
+    assert "train:" not in done.stderr and "Traceback" not in done.stderr  # reported before training starts

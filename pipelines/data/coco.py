@@ -4,10 +4,15 @@
 and by the annotation cache.
 
 :func:`validate_coco` checks an annotation file and its image folder and returns a cleaned copy
-plus a summary. Structural problems (bad JSON, duplicate ids, dangling references, missing or
-unreadable images, file names that escape the image folder) raise :class:`DatasetError` naming the
-file and the offending id. Box problems are repaired or dropped and counted: boxes slightly outside
-the image are clipped, degenerate boxes and boxes mostly outside the image are rejected.
+plus a summary. Structural problems (bad JSON, duplicate ids, dangling references, an empty split,
+missing, undecodable or mis-sized images, file names or symlinks that escape the image folder, a
+training split without a usable box) raise :class:`DatasetError` naming the file and the offending
+id. Box problems are repaired or dropped and counted: boxes slightly outside the image are clipped,
+degenerate boxes and boxes mostly outside the image are rejected.
+
+Images are decoded by the decoder the caller passes (the prepare stage passes
+:func:`pipelines.data.decode.decode_image`, the one training uses), so this module, which the cache
+stage imports for :func:`read_annotations`, needs neither torch nor torchvision.
 """
 
 from __future__ import annotations
@@ -18,20 +23,23 @@ import hashlib
 import math
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import orjson
-from PIL import Image, UnidentifiedImageError
 from tqdm import tqdm
 
-from ..errors import DatasetError
+from ..errors import DatasetError, ImageError
 
 # COCO's area ranges for the small / medium / large buckets.
 SMALL_AREA = 32**2
 LARGE_AREA = 96**2
 MIN_INSIDE_FRACTION = 0.5  # a box with less of its area inside the image is rejected
+# torchvision's decoders release the GIL, so threads decode in parallel: one per core, plus two to keep
+# the cores busy while other threads wait for file reads (see _check_image_files for the measurements).
+DECODE_THREADS = min(32, len(os.sched_getaffinity(0)) + 2) if hasattr(os, "sched_getaffinity") else 4
 
 
 @contextlib.contextmanager
@@ -58,13 +66,15 @@ def read_annotations(path: str | Path) -> tuple[dict, str]:
         ``(annotations, sha256)``: the parsed object and the SHA-256 of exactly the bytes parsed.
 
     Raises:
-        DatasetError: if the file is missing or is not a JSON object.
+        DatasetError: if the file is missing, unreadable or is not a JSON object.
     """
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise DatasetError(f"{path}: annotation file not found") from None
+    except OSError as err:  # a folder, no permission
+        raise DatasetError(f"{path}: cannot read the annotation file ({err.strerror or err})") from None
     sha256 = hashlib.sha256(data).hexdigest()
     with gc_paused():
         try:
@@ -76,15 +86,20 @@ def read_annotations(path: str | Path) -> tuple[dict, str]:
     return coco, sha256
 
 
-def validate_coco(annotations_path: str | Path, image_dir: str | Path) -> tuple[dict, dict]:
+def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, decode: Callable[[Path], Any],
+                  require_boxes: bool = False) -> tuple[dict, dict]:
     """Validate a COCO annotation file against its image folder.
 
-    Every image header is opened to check that the file exists, is readable and has the size the
-    JSON states.
+    Every image is decoded in full (in parallel threads) to check that the file exists inside the
+    image folder (symlinks included), decodes, and has the size the JSON states.
 
     Args:
         annotations_path: the COCO JSON.
         image_dir: the folder that ``file_name`` entries are relative to.
+        decode: the image decoder, ``path -> pixels [..., H, W]``, raising :class:`ImageError`
+            (the prepare stage passes :func:`pipelines.data.decode.decode_image`).
+        require_boxes: the split is for training: at least one box must remain that is not a crowd
+            region.
 
     Returns:
         ``(cleaned, summary)``: the annotations with repaired boxes (rejected ones removed, ``area``
@@ -98,18 +113,22 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path) -> tuple[
     for key in ("images", "annotations", "categories"):
         if not isinstance(data.get(key), list):
             raise DatasetError(f"{path}: '{key}' must be a list")
+    if not data["images"]:
+        raise DatasetError(f"{path}: no images: the split is empty")
 
     images = [_check_image_entry(path, i, entry) for i, entry in enumerate(data["images"])]
     categories = [_check_category_entry(path, i, entry) for i, entry in enumerate(data["categories"])]
     _no_duplicates(path, "image", [im["id"] for im in images])
     _no_duplicates(path, "category", [c["id"] for c in categories])
-    _no_duplicates(path, "annotation", [a.get("id") for a in data["annotations"] if isinstance(a, dict)])
+    # Only integer ids here: any other id is reported with its entry below.
+    annotation_ids = [a["id"] for a in data["annotations"] if isinstance(a, dict) and _is_int(a.get("id"))]
+    _no_duplicates(path, "annotation", annotation_ids)
 
     image_by_id = {im["id"]: im for im in images}
     category_ids = {c["id"] for c in categories}
     for im in images:
         _check_file_name(path, im)
-    _check_image_files(path, Path(image_dir), images)
+    _check_image_files(path, Path(image_dir), images, decode)
 
     counts: Counter[str] = Counter()
     kept = []
@@ -128,6 +147,12 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path) -> tuple[
             continue
         ann["bbox"] = box
         kept.append(ann)
+
+    if require_boxes and not any(not ann["iscrowd"] for ann in kept):
+        crowd = sum(ann["iscrowd"] for ann in kept)
+        rejected = counts["rejected_degenerate"] + counts["rejected_outside"]
+        raise DatasetError(f"{path}: no usable box to train on ({len(data['annotations'])} annotations: "
+                           f"{crowd} crowd, {rejected} rejected)")
 
     cleaned = {
         "info": data.get("info", {}),
@@ -168,6 +193,12 @@ def summarize(coco: dict, *, box_counts: Counter | None = None) -> dict:
     }
 
 
+def _brief(value, limit: int = 80) -> str:
+    """``repr(value)``, shortened to ``limit`` characters (a message stays one readable line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -184,7 +215,9 @@ def _check_image_entry(path: Path, index: int, entry) -> dict:
         raise DatasetError(f"{path}: image id {image_id}: 'file_name' must be a non-empty string")
     for key in ("width", "height"):
         if not _is_int(entry.get(key)) or entry[key] <= 0:
-            raise DatasetError(f"{path}: image id {image_id}: '{key}' must be a positive integer, got {entry.get(key)!r}")
+            raise DatasetError(
+                f"{path}: image id {image_id}: '{key}' must be a positive integer, got {_brief(entry.get(key))}"
+            )
     return {"id": image_id, "file_name": entry["file_name"], "width": entry["width"], "height": entry["height"]}
 
 
@@ -202,18 +235,22 @@ def _check_annotation_entry(path: Path, index: int, entry) -> dict:
     ann_id = entry["id"]
     for key in ("image_id", "category_id"):
         if not _is_int(entry.get(key)):
-            raise DatasetError(f"{path}: annotation id {ann_id}: '{key}' must be an integer, got {entry.get(key)!r}")
+            raise DatasetError(
+                f"{path}: annotation id {ann_id}: '{key}' must be an integer, got {_brief(entry.get(key))}"
+            )
     bbox = entry.get("bbox")
     if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
-        raise DatasetError(f"{path}: annotation id {ann_id}: 'bbox' must be a list of 4 numbers [x, y, w, h], got {bbox!r}")
+        raise DatasetError(
+            f"{path}: annotation id {ann_id}: 'bbox' must be a list of 4 numbers [x, y, w, h], got {_brief(bbox)}"
+        )
     iscrowd = entry.get("iscrowd", 0)
     if iscrowd not in (0, 1):
-        raise DatasetError(f"{path}: annotation id {ann_id}: 'iscrowd' must be 0 or 1, got {iscrowd!r}")
+        raise DatasetError(f"{path}: annotation id {ann_id}: 'iscrowd' must be 0 or 1, got {_brief(iscrowd)}")
     area = entry.get("area")
     if area is None:
         area = bbox[2] * bbox[3]
-    elif not _is_number(area):
-        raise DatasetError(f"{path}: annotation id {ann_id}: 'area' must be a number, got {area!r}")
+    elif not _is_number(area) or area < 0:
+        raise DatasetError(f"{path}: annotation id {ann_id}: 'area' must be a number >= 0, got {_brief(area)}")
     cleaned = {
         "id": ann_id,
         "image_id": entry["image_id"],
@@ -237,39 +274,52 @@ def _no_duplicates(path: Path, what: str, ids: list) -> None:
 
 def _check_file_name(path: Path, image: dict) -> None:
     name = image["file_name"]
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):  # NUL, newline, ...: no file system or message takes them
+        raise DatasetError(
+            f"{path}: image id {image['id']}: file_name {_brief(name, 120)} contains a control character"
+        )
     parts = PurePosixPath(name.replace("\\", "/"))
     if parts.is_absolute() or os.path.isabs(name) or ".." in parts.parts:
         raise DatasetError(
-            f"{path}: image id {image['id']}: file_name {name!r} escapes the image folder "
+            f"{path}: image id {image['id']}: file_name {_brief(name, 120)} escapes the image folder "
             "(expected a relative path without '..')"
         )
 
 
-def _check_image_files(path: Path, image_dir: Path, images: list[dict]) -> None:
+def _check_image_files(path: Path, image_dir: Path, images: list[dict], decode: Callable[[Path], Any]) -> None:
+    """Decode every image in threads; raise on the first problem in the JSON's order.
+
+    torchvision's decoders release the GIL while they decode: on 2 idle cores, a pure-Python thread
+    runs at full speed while another thread decodes, and decoding the 512 synthetic 256-416 px JPEGs
+    takes 0.61 ms per image in one thread and 0.34 ms in two or four (1.8x); this whole check takes
+    0.70 ms per image in one thread and 0.42 ms in two or four.
+    """
     if not image_dir.is_dir():
         raise DatasetError(f"{image_dir}: image folder not found (for {path})")
+    root = Path(os.path.realpath(image_dir))
 
-    def read_size(image: dict):
+    def problem(image: dict) -> tuple[Path, str | None]:
         file = image_dir / image["file_name"]
+        real = Path(os.path.realpath(file))
+        if real != root and not real.is_relative_to(root):
+            return file, f"links to {real}, outside the image folder {root}"
         try:
-            with Image.open(file) as im:
-                return image, file, im.size, None
-        except FileNotFoundError:
-            return image, file, None, "image file not found"
-        except (UnidentifiedImageError, OSError) as err:
-            return image, file, None, f"unreadable image ({err})"
+            height, width = decode(file).shape[-2:]
+        except ImageError as err:
+            return file, err.reason or str(err)
+        if (width, height) != (image["width"], image["height"]):
+            return file, f"file is {width}x{height} but {path.name} says {image['width']}x{image['height']}"
+        return file, None
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        results = pool.map(read_size, images)
-        for image, file, size, problem in tqdm(results, total=len(images), desc=f"check {path.name}",
-                                               unit="img", mininterval=2.0, disable=len(images) < 1000):
-            if problem:
-                raise DatasetError(f"{file}: image id {image['id']}: {problem}")
-            if size != (image["width"], image["height"]):
-                raise DatasetError(
-                    f"{file}: image id {image['id']}: file is {size[0]}x{size[1]} but {path.name} says "
-                    f"{image['width']}x{image['height']}"
-                )
+    pool = ThreadPoolExecutor(max_workers=DECODE_THREADS)
+    try:
+        results = pool.map(problem, images)
+        for image, (file, text) in tqdm(zip(images, results), total=len(images), desc=f"check {path.name}",
+                                        unit="img", mininterval=2.0, disable=len(images) < 1000):
+            if text:
+                raise DatasetError(f"{file}: image id {image['id']}: {text}")
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # on an error, skip the images not yet started
 
 
 def _repair_box(bbox: list[float], width: int, height: int) -> tuple[str, list[float]]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_image
 
 from .annotation_cache import AnnotationCache
+from .decode import decode_image
 from .transforms import SampleContext
 
 
@@ -38,7 +38,7 @@ class DetectionDataset(Dataset):
 
     def load(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The stored image and its boxes, before any transform."""
-        image = decode_image(str(self.cache.image_path(index)), mode=ImageReadMode.RGB)
+        image = decode_image(self.cache.image_path(index))
         boxes, labels, crowd = self.cache.annotations(index)
         keep = ~crowd if self.skip_crowd else np.ones(len(crowd), dtype=bool)
         target = {

@@ -1,0 +1,120 @@
+"""The launcher in front of torchrun's elastic-launch API: ``python -m pipelines.launch MODULE [ARGS...]``.
+
+It validates ``params.yaml`` first (one line and exit code 2 on a bad value, before any process
+starts), then runs ``python -m MODULE ARGS...`` in ``train.nproc`` processes per node through
+:func:`torch.distributed.launcher.api.elastic_launch`, exactly as ``torchrun --standalone`` does
+(c10d rendezvous on localhost, gloo on CPU, NCCL on GPU). What it adds is the way failures read:
+
+* a failed process is reported in one line, ``error: <message>``, taken from the error file that
+  :func:`pipelines.cli.run` writes in every failing process (the root cause: a recorded error before
+  a process killed by a signal, then the earliest, then the lowest rank), with exit code 2; a
+  process killed by a signal is named with its rank, pid and signal. torchrun's ``ChildFailedError``
+  block and the agent's log lines appear only with ``PIPELINES_DEBUG=1``;
+* with ``--run-file``, an MLflow run that the failed processes left RUNNING is closed (FAILED, or
+  KILLED when a signal stopped it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import uuid
+
+from . import cli
+from .config import load_params
+from .errors import PipelineError
+
+log = logging.getLogger("launch")
+
+
+def _message(failure) -> str:
+    message = failure.message
+    return message if isinstance(message, str) else str(message.get("message", "")) if isinstance(message, dict) else ""
+
+
+def root_cause(failures: dict) -> tuple[int, object]:
+    """The ``(rank, ProcessFailure)`` that explains a failed group.
+
+    A user error first; then a process killed by a signal (its peers then fail with connection
+    errors); then an unexpected error; SIGTERM, which the agent sends to stop the others, last. Among
+    equals the earliest, then the lowest rank.
+    """
+    def key(item):
+        rank, failure = item
+        if failure.exitcode == -signal.SIGTERM:
+            kind = 3
+        elif failure.exitcode < 0:
+            kind = 1
+        else:
+            kind = 2 if _message(failure).startswith("unexpected ") else 0
+        return kind, failure.timestamp, rank
+
+    return min(failures.items(), key=key)
+
+
+def describe(rank: int, failure) -> str:
+    """One line for a failed process."""
+    if failure.exitcode < 0:
+        return (f"process rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}; "
+                "run the stage again to resume from its newest checkpoint")
+    return _message(failure) or f"process rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}"
+
+
+def launch(module: str, args: list[str], *, nproc: int, run_file: str | None = None) -> int:
+    """Run ``python -m module args`` in ``nproc`` processes; return the exit code for the launcher."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    debug = bool(os.environ.get(cli.DEBUG_ENV))
+    if not debug:
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # each process sets its own thread count
+    os.environ[cli.LAUNCHED_ENV] = "1"  # processes leave the reporting to the launcher
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+    try:
+        elastic_launch(config, sys.executable)("-u", "-m", module, *args)
+    except ChildFailedError as err:
+        if debug:
+            raise
+        rank, failure = root_cause(err.failures)
+        _close_run(run_file, "KILLED" if failure.exitcode < 0 else "FAILED")
+        print(f"error: {describe(rank, failure)}", file=sys.stderr)
+        return 2
+    except SignalException as err:
+        _close_run(run_file, "KILLED")
+        print(f"error: stopped by {signal.Signals(err.sigval).name}", file=sys.stderr)
+        return 128 + int(err.sigval)
+    return 0
+
+
+def _close_run(run_file: str | None, status: str) -> None:
+    if not run_file or not os.path.isfile(run_file):
+        return
+    from .tracking import close_run, read_run_id
+
+    try:
+        run_id = read_run_id(run_file)
+    except PipelineError:
+        return
+    if run_id:
+        close_run(run_id, status)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the parameters file (also passed to the module)")
+    parser.add_argument("--run-file", help="MLflow run file to close if the processes die with the run RUNNING")
+    parser.add_argument("module", help="the stage module, e.g. stages.train")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the module's arguments")
+    args = parser.parse_args(argv)
+    p = load_params(args.params)
+    sys.exit(launch(args.module, ["--params", args.params, *args.args], nproc=p.train.nproc, run_file=args.run_file))
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,59 @@
+"""Checkpoint files under faults: a process killed while writing never leaves one that resume would load."""
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+
+import torch
+
+from pipelines import checkpoint
+from pipelines.checkpoint import Checkpointer
+
+
+def _write_forever(folder: str, state: dict) -> None:
+    """Write checkpoints as training does, one after another, until killed (no torch computation
+    here: OpenMP's thread pool does not survive a fork)."""
+    iteration = 0
+    while True:
+        iteration += 1
+        checkpoint.save(f"{folder}/model_{iteration:07d}.pth", model=state, optimizer={}, scheduler={},
+                        iteration=iteration, fingerprint="f")
+        for old in sorted(os.listdir(folder))[:-3]:
+            if old.startswith("model_"):
+                os.unlink(f"{folder}/{old}")
+
+
+def test_twenty_kills_during_checkpoint_writes_never_leave_a_loadable_partial_file(tmp_path):
+    context = multiprocessing.get_context("fork")  # the writer starts in milliseconds, torch already loaded
+    rng = random.Random(0)
+    weights = {f"w{i}": torch.full((1024, 1024), float(i)) for i in range(6)}  # 24 MB: about 0.1 s a write
+    interrupted_writes = 0
+    for _ in range(20):
+        writer = context.Process(target=_write_forever, args=(str(tmp_path), weights), daemon=True)
+        writer.start()
+        time.sleep(rng.uniform(0.1, 0.4))
+        os.kill(writer.pid, signal.SIGKILL)  # only the process this test started, by pid
+        writer.join()
+        interrupted_writes += any(p.name.startswith(".model_") for p in tmp_path.iterdir())
+        found = Checkpointer(tmp_path, keep=3, fingerprint="f").latest()
+        assert not any(p.name.startswith(".model_") for p in tmp_path.iterdir())  # temporary files cleared
+        if found is not None:
+            path, loaded = found
+            assert loaded["iteration"] == int(path.stem.split("_")[1])
+            assert torch.equal(loaded["model"]["w5"], weights["w5"])  # complete, not truncated
+    assert interrupted_writes >= 3  # the kills did land during writes
+
+
+def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
+    import numpy as np
+
+    torch.manual_seed(3)
+    np.random.seed(4)
+    random.seed(5)
+    checkpoint.save(tmp_path / "c.pth", model={}, rng=[checkpoint.rng_state()])
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    checkpoint.set_rng_state(checkpoint.load(tmp_path / "c.pth")["rng"][0])
+    assert torch.equal(torch.rand(3), expected[0]) and np.array_equal(np.random.rand(3), expected[1])
+    assert random.random() == expected[2]
