@@ -83,11 +83,11 @@ def launch(module: str, args: list[str], *, nproc: int, run_file: str | None = N
             raise
         rank, failure = root_cause(err.failures)
         _close_run(run_file, "KILLED" if failure.exitcode < 0 else "FAILED")
-        print(f"error: {describe(rank, failure)}", file=sys.stderr)
+        print(f"\nerror: {describe(rank, failure)}", file=sys.stderr)  # on its own line, after any progress bar
         return 2
     except SignalException as err:
         _close_run(run_file, "KILLED")
-        print(f"error: stopped by {signal.Signals(err.sigval).name}", file=sys.stderr)
+        print(f"\nerror: stopped by {signal.Signals(err.sigval).name}", file=sys.stderr)
         return 128 + int(err.sigval)
     return 0
 
