@@ -31,7 +31,12 @@ class SyntheticDataset:
     """The built-in shapes dataset, generated from a seed (see :mod:`pipelines.data.synthetic`)."""
 
     name: str = MISSING
-    source: str = MISSING  # the DVC dependency that stands for the data: the generator itself
+    # The prepare stage's DVC deps name these four keys for every dataset; here they stand for the
+    # data by naming what makes it, the generator itself (pipelines/data/synthetic.py).
+    train_images: str = MISSING
+    train_annotations: str = MISSING
+    val_images: str = MISSING
+    val_annotations: str = MISSING
     seed: int = MISSING
     train_size: int = MISSING
     val_size: int = MISSING
@@ -47,7 +52,7 @@ class CocoDataset:
     """A user's COCO-format dataset on disk: an image folder and an annotation JSON per split."""
 
     name: str = MISSING
-    source: str = MISSING  # folder that holds the data, a DVC dependency of the prepare stage
+    # Relative to the repository root, or absolute; each is a DVC dependency of the prepare stage.
     train_images: str = MISSING
     train_annotations: str = MISSING
     val_images: str = MISSING

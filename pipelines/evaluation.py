@@ -93,7 +93,11 @@ def predict(model: torch.nn.Module, loader, *, device: torch.device, category_id
 
 @dataclass
 class CocoMetrics:
-    """Summary statistics, per-category AP and a precision-recall curve."""
+    """Summary statistics (the 12 of :data:`STAT_NAMES`), per-category AP and a precision-recall curve.
+
+    ``per_category`` maps the name of every category that has ground truth (at least one box that is
+    not a crowd region) to its AP, in category id order, whether or not there are detections;
+    categories without ground truth have no AP and are left out."""
 
     stats: dict[str, float | None]
     per_category: dict[str, float] = field(default_factory=dict)
@@ -104,13 +108,16 @@ class CocoMetrics:
 def coco_evaluate(gt: COCO | str, detections: list[dict]) -> CocoMetrics:
     """Evaluate COCO-format box detections against ground truth with pycocotools' ``COCOeval``.
 
-    Crowd regions are ignored as COCO specifies. With no detections every figure is 0.
+    Crowd regions are ignored as COCO specifies. With no detections every figure is 0. Per-category
+    AP covers exactly the categories with ground truth (see :class:`CocoMetrics`).
     """
     with contextlib.redirect_stdout(io.StringIO()):
         coco_gt = COCO(gt) if isinstance(gt, str) else gt
     if not detections:
+        with_gt = {a["category_id"] for a in coco_gt.dataset.get("annotations", []) if not a.get("iscrowd")}
         return CocoMetrics(stats={name: 0.0 for name in STAT_NAMES},
-                           per_category={c["name"]: 0.0 for c in coco_gt.loadCats(coco_gt.getCatIds())})
+                           per_category={coco_gt.cats[c]["name"]: 0.0 for c in sorted(coco_gt.getCatIds())
+                                         if c in with_gt})
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         coco_dt = coco_gt.loadRes(detections)
@@ -126,7 +133,7 @@ def coco_evaluate(gt: COCO | str, detections: list[dict]) -> CocoMetrics:
     per_category = {}
     for k, cat_id in enumerate(evaluator.params.catIds):
         p = precision[:, :, k]
-        if (p > -1).any():
+        if (p > -1).any():  # -1 throughout: no ground truth (detections or not, a category with some has >= 0)
             per_category[coco_gt.cats[int(cat_id)]["name"]] = float(p[p > -1].mean())
 
     valid = np.where(precision > -1, precision, np.nan)

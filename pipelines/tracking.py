@@ -1,7 +1,13 @@
 """MLflow tracking, on the main process only.
 
-One run per pipeline run: the train stage starts it and writes its id to an output file; the
-evaluate stage resumes it to add the metrics. The tracking store defaults to
+Runs (see :func:`stage_tags`, :func:`run_name`): the train stage makes a *training run* (the params
+it depends on, the loss curves, the model, checkpoints) and writes its id to ``outputs/train/run.json``;
+every execution of the evaluate stage makes an *evaluation run* of its own (all the params it ran with,
+the ``eval/*`` metrics) tagged ``training_run_id`` with the training run whose model it scored. So a
+run's params and metrics always belong together, and re-running only evaluate with other params (e.g.
+``dvc exp run -S evaluate.tta=true``) gives a new run rather than adding to an earlier one. Both kinds
+carry the lineage tags of :func:`stage_tags`; :func:`get_run`, :func:`find_runs` and :func:`run_url`
+serve the ``stages.lineage`` command. The tracking store defaults to
 ``sqlite:///<repository root>/mlflow.db`` with artifacts in ``<repository root>/mlartifacts``;
 ``MLFLOW_TRACKING_URI`` overrides. The repository root is ``DVC_ROOT`` when DVC sets it, and the
 main repository when DVC runs a queued experiment in ``.dvc/tmp/exps/...`` (which is deleted
@@ -51,6 +57,7 @@ above is the product). :func:`close_run` ends a run whose owning process was kil
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -89,6 +96,14 @@ HTTP_DEFAULTS = {
 retry 7 times with exponential backoff and wait 120 s per request: 263 s on a refused connection)."""
 
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+UI_URL = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` (and ``mlflow server``) serve by default; run URLs are given under it."""
+STAGE_TAG = "pipeline.stage"  # train | evaluate
+TRAINING_RUN_TAG = "training_run_id"  # on an evaluation run: the training run whose model it scored
+EXP_NAME_TAG, BASELINE_TAG, COMMIT_TAG = "dvc.exp_name", "dvc.baseline_rev", "mlflow.source.git.commit"
+PARAMS_HASH_TAG = "params.sha256"
+NOTE_TAG = "mlflow.note.content"  # the run's description in the UI (Markdown)
+_TAG_KEY = re.compile(r"[^\w./ :-]")  # characters MLflow does not take in a tag key
 _THREAD_NAME = "mlflow-tracking-call"
 _BATCH_METRICS = 1000  # MLflow's limits per log_batch
 _BATCH_PARAMS = 100
@@ -144,6 +159,168 @@ def git_commit(cwd: Path | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+# --- lineage: run names and tags ---------------------------------------------------------------------
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested sections as dotted keys (``{"train": {"base_lr": 1}}`` -> ``{"train.base_lr": 1}``)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def describe_changes(params: dict[str, Any], defaults: dict[str, Any], *, first: tuple[str, ...] = (),
+                     limit: int = 60) -> str:
+    """The params (dotted keys) that differ from ``defaults``, as ``key=value`` pairs: those starting
+    with ``first`` come first, then in key order; at most ``limit`` characters, the rest counted, e.g.
+    ``evaluate.tta=true, train.max_iter=4 (+12 more)``. Empty if nothing differs."""
+    changed = sorted((k for k in params if params[k] != defaults.get(k, object())),
+                     key=lambda k: (not k.startswith(first) if first else False, k))
+    shown: list[str] = []
+    for i, key in enumerate(changed):
+        pair = f"{key}={_shown(params[key])}"
+        rest = len(changed) - i - 1
+        if shown and len(", ".join([*shown, pair])) + (len(f" (+{rest} more)") if rest else 0) > limit:
+            return ", ".join(shown) + f" (+{len(changed) - i} more)"
+        shown.append(pair)
+    return ", ".join(shown)
+
+
+def run_name(stage: str, params: dict[str, Any], defaults: dict[str, Any] | None, *,
+              first: tuple[str, ...] = ()) -> str:
+    """A readable MLflow run name: the DVC experiment name (``DVC_EXP_NAME``) when DVC sets it, else the
+    params changed against ``defaults`` (see :func:`describe_changes`; None when they are unknown), else
+    ``<stage> <8 hex digits of the params' hash>``. Training runs end in `` (train)``."""
+    label = os.environ.get("DVC_EXP_NAME") or (describe_changes(params, defaults, first=first) if defaults else "")
+    if not label:
+        digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        return f"{stage} {digest}"
+    return label if stage == "evaluate" else f"{label} ({stage})"
+
+
+def default_params(root: str | Path = ".") -> dict[str, Any] | None:
+    """The params (dotted keys) that ``conf/`` under ``root`` composes to without overrides, for
+    :func:`run_name`; None if it cannot be composed (logged at INFO)."""
+    import yaml
+
+    from .compose import compose_params
+
+    try:
+        return flatten(yaml.safe_load(compose_params(root)))
+    except Exception as err:  # a name is not worth stopping a stage for
+        log.info("the default params are unknown (%s: %s): run names use a hash", type(err).__name__, err)
+        return None
+
+
+def training_note(run_id: str) -> str:
+    """The UI description of a training run."""
+    return (f"Training run: loss curves, model and checkpoints. Each evaluation of its model is a run of its own, "
+            f"tagged `{TRAINING_RUN_TAG}` = `{run_id}` (search `tags.{TRAINING_RUN_TAG} = '{run_id}'`).")
+
+
+def evaluation_note(training_run_id: str | None, experiment_id: str | None) -> str:
+    """The UI description of an evaluation run, linking to its training run."""
+    if not training_run_id:
+        return "Evaluation run; the model's training was not tracked."
+    link = f"[{training_run_id}](#/experiments/{experiment_id}/runs/{training_run_id})" if experiment_id \
+        else f"`{training_run_id}`"
+    return f"Evaluation run: params and `eval/*` metrics of this configuration. Model from training run {link}."
+
+
+CODE_FOLDERS = ("pipelines/", "stages/")  # code deps: the git commit (or DVC experiment) pins them
+
+
+def _lock_tags(lock_file: Path, stage: str) -> dict[str, str]:
+    """``dvc.lock/<stage>/<path>: <md5>`` for every dep and out that is not code (:data:`CODE_FOLDERS`)
+    of the stages before ``stage`` (in the order of ``dvc.yaml`` beside ``lock_file``, else of the
+    lock file): the data and model that ``stage`` reads, and the data they were made from. These
+    entries are final when ``stage`` runs (DVC writes a stage's own entry only after it ends)."""
+    import yaml
+
+    stages = (yaml.safe_load(lock_file.read_text()) or {}).get("stages", {})
+    pipeline = lock_file.with_name("dvc.yaml")
+    order = list((yaml.safe_load(pipeline.read_text()) or {}).get("stages", {})) if pipeline.is_file() else []
+    order += [name for name in stages if name not in order]
+    tags = {}
+    for name in order[: order.index(stage)] if stage in order else []:
+        entry = stages.get(name) or {}
+        for item in [*(entry.get("deps") or []), *(entry.get("outs") or [])]:
+            digest = item.get("md5") or item.get("etag") or item.get("checksum")
+            if item.get("path") and digest and not str(item["path"]).startswith(CODE_FOLDERS):
+                tags[_TAG_KEY.sub("_", f"dvc.lock/{name}/{item['path']}")[:250]] = str(digest)
+    return tags
+
+
+def stage_tags(stage: str, *, params_file: str | Path, cache: str | Path | None = None,
+               lock_file: str | Path = "dvc.lock") -> dict[str, str]:
+    """The lineage tags of a stage's run, from files in the stage's working folder:
+
+    * ``pipeline.stage``: ``stage``; ``params.sha256``: SHA-256 of ``params_file``'s bytes;
+    * ``data.cache.<split>``: SHA-256 of the array hashes in ``<cache>/<split>/meta.json`` (the
+      annotation cache's content), for every split there;
+    * ``dvc.lock/<stage>/<path>``: the md5 that ``lock_file`` records for each dep and out, code
+      aside, of the stages that run before ``stage`` (the data and model it reads), if there is one.
+
+    The git commit and DVC experiment name and baseline are added by :meth:`Tracker.start`. A file
+    that cannot be read leaves its tags out (logged at INFO): tracking never stops a stage."""
+    tags = {STAGE_TAG: stage}
+    try:
+        tags[PARAMS_HASH_TAG] = hashlib.sha256(Path(params_file).read_bytes()).hexdigest()
+        for meta in sorted(Path(cache).glob("*/meta.json")) if cache else []:
+            arrays = json.loads(meta.read_text())["arrays"]
+            digest = hashlib.sha256(json.dumps(arrays, sort_keys=True).encode())
+            tags[f"data.cache.{meta.parent.name}"] = digest.hexdigest()
+        if Path(lock_file).is_file():
+            tags.update(_lock_tags(Path(lock_file), stage))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        log.info("lineage tags left incomplete: %s: %s", type(err).__name__, err)
+    return tags
+
+
+def run_url(experiment_id: str, run_id: str, base: str = UI_URL) -> str:
+    """The run's page in the MLflow UI served at ``base``."""
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+# --- bounded reads, for the lineage command ----------------------------------------------------------
+
+
+def _read(uri: str | None, what: Callable[[Any], Any]) -> Any:
+    """``what(client)`` within the bounds of the module docstring; a :class:`TrackingError` on store problems."""
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise TrackingError(f"MLflow store {uri}: no such database (no run has been recorded here)")
+    try:
+        client = _client(uri, OPEN_TIMEOUT)
+        return _Attempt(lambda: what(client)).wait(CALL_TIMEOUT)
+    except Exception as err:
+        if _store_rejected(err):
+            return None
+        raise TrackingError(f"MLflow store {uri} {_reason(err)}") from None
+
+
+def get_run(run_id: str, *, uri: str | None = None):
+    """The ``mlflow.entities.Run`` with this id, None if the store has none."""
+    return _read(uri, lambda client: client.get_run(run_id))
+
+
+def find_runs(filter_string: str, *, uri: str | None = None) -> list:
+    """Runs of every experiment that match ``filter_string`` (MLflow's search syntax), newest first."""
+    def search(client):
+        ids = [e.experiment_id for e in client.search_experiments()]
+        return client.search_runs(ids, filter_string, order_by=["attributes.start_time DESC"]) if ids else []
+
+    return _read(uri, search) or []
 
 
 # --- bounded store calls -----------------------------------------------------------------------------
@@ -392,7 +569,8 @@ def _describe(ops: list[_Op]) -> tuple[str, bool]:
 class Tracker:
     """An MLflow run on the main process; on other processes every method is a no-op.
 
-    Use :meth:`start` (train) or :meth:`resume` (evaluate), then ``log_*`` and :meth:`finish`. No
+    Use :meth:`start` (a new run) or :meth:`resume` (a run to continue, e.g. an interrupted training),
+    then ``log_*`` and :meth:`finish`. No
     method raises for store problems or waits more than :data:`CALL_TIMEOUT` on one (see the module
     docstring); ``run_id`` is None when there is no run to log to (not the main process, or the
     store could not create or find it).
@@ -400,6 +578,7 @@ class Tracker:
 
     def __init__(self, run_id: str | None = None, *, uri: str | None = None):
         self.run_id = run_id
+        self.experiment_id: str | None = None  # known after start()
         self.uri = uri or tracking_uri()
         self._client_obj = None
         self._kept: list[_Op] = []  # not (yet) recorded, in order
@@ -423,24 +602,27 @@ class Tracker:
     # construction
 
     @classmethod
-    def start(cls, *, experiment: str, params: dict[str, Any], run_name: str | None = None, main_process: bool = True) -> "Tracker":
-        """Create the run with params (dotted keys) and tags: git commit, DVC experiment name.
+    def start(cls, *, experiment: str, params: dict[str, Any], run_name: str | None = None,
+              tags: dict[str, str] | None = None, main_process: bool = True) -> "Tracker":
+        """Create the run with params (dotted keys) and tags: git commit, DVC experiment name and
+        baseline (when DVC sets ``DVC_EXP_NAME``, ``DVC_EXP_BASELINE_REV``), then ``tags``.
 
         If the store fails, the returned tracker is offline with ``run_id`` None and a warning says so."""
         if not main_process:
             return cls()
         tracker = cls()
-        tags = {"pipeline": "detection"}
+        all_tags = {"pipeline": "detection"}
         if commit := git_commit(repo_root()):
-            tags["mlflow.source.git.commit"] = commit
+            all_tags[COMMIT_TAG] = commit
         if exp_name := os.environ.get("DVC_EXP_NAME"):
-            tags["dvc.exp_name"] = exp_name
+            all_tags[EXP_NAME_TAG] = exp_name
         if baseline := os.environ.get("DVC_EXP_BASELINE_REV"):
-            tags["dvc.baseline_rev"] = baseline
+            all_tags[BASELINE_TAG] = baseline
+        all_tags.update(tags or {})
         name = run_name or os.environ.get("DVC_EXP_NAME")
         try:
             client = tracker._get_client()
-            tracker.run_id = cls._create_run(client, experiment, name, tags)
+            tracker.run_id, tracker.experiment_id = cls._create_run(client, experiment, name, all_tags)
         except Exception as err:
             tracker._offline, tracker._error = True, err
             log.debug("creating the MLflow run failed", exc_info=True)
@@ -452,9 +634,9 @@ class Tracker:
         return tracker
 
     @staticmethod
-    def _create_run(client, experiment: str, run_name: str | None, tags: dict[str, str]) -> str:
-        """The new run's id, within ``CALL_TIMEOUT``; a run created after the caller gave up is ended
-        at once (KILLED) rather than left RUNNING."""
+    def _create_run(client, experiment: str, run_name: str | None, tags: dict[str, str]) -> tuple[str, str]:
+        """The new run's id and its experiment's id, within ``CALL_TIMEOUT``; a run created after the caller
+        gave up is ended at once (KILLED) rather than left RUNNING."""
         import mlflow
 
         lock, state = threading.Lock(), {"gave_up": False, "claimed": False}
@@ -473,7 +655,7 @@ class Tracker:
                 state["claimed"] = not state["gave_up"]
             if not state["claimed"]:
                 client.set_terminated(run_id, status="KILLED")
-            return run_id
+            return run_id, exp_id
 
         attempt = _Attempt(create)
         try:

@@ -24,7 +24,8 @@ from pipelines.data.preview import augmentation_preview
 from pipelines.engine import MetricLog, StopRequest, train
 from pipelines.errors import Stopped
 from pipelines.fileio import atomic_file, check_writable
-from pipelines.tracking import Tracker, close_run, write_run_file
+from pipelines.tracking import (NOTE_TAG, Tracker, close_run, default_params, run_name, stage_tags, training_note,
+                                write_run_file)
 
 log = logging.getLogger("train")
 PREVIEW_SAMPLES = 6
@@ -67,7 +68,9 @@ def main(argv: list[str] | None = None) -> None:
              len(dataset), len(cache.categories), sum(x.numel() for x in model.parameters()) / 1e6,
              world_size, device.type, t.ims_per_batch, start_iter, t.max_iter)
 
-    tracker, tracked_until = _tracker(p, previous, fingerprint, resumed=start_iter > 0, main_process=main_process)
+    tracker, tracked_until = _tracker(p, previous, fingerprint, resumed=start_iter > 0, main_process=main_process,
+                                      tags=stage_tags("train", params_file=args.params, cache=args.cache)
+                                      if main_process else {})
     preview, train_log = work / args.preview.name, work / args.train_log.name
     if start_iter == 0:
         train_log.unlink(missing_ok=True)
@@ -123,8 +126,11 @@ def _read_run_file(path) -> dict:
     return previous if isinstance(previous, dict) else {}
 
 
-def _tracker(p, previous: dict, fingerprint: str, *, resumed: bool, main_process: bool) -> tuple[Tracker, int]:
-    """The MLflow run: the interrupted one when resuming (and the last step it has), else a new one.
+def _tracker(p, previous: dict, fingerprint: str, *, resumed: bool, main_process: bool,
+             tags: dict[str, str]) -> tuple[Tracker, int]:
+    """The MLflow training run: the interrupted one when resuming (and the last step it has), else a new
+    one with ``tags``, every param but the ``evaluate`` section's (evaluation runs record those) and a
+    readable name.
 
     ``previous`` is the run file of the start before. A run that it left RUNNING and that is not
     continued is closed as KILLED.
@@ -137,7 +143,12 @@ def _tracker(p, previous: dict, fingerprint: str, *, resumed: bool, main_process
         return tracker, tracker.last_step("train/loss")
     if interrupted:
         close_run(previous["run_id"], "KILLED")
-    return Tracker.start(experiment=p.tracking.experiment, params=to_flat_dict(p)), 0
+    params = {k: v for k, v in to_flat_dict(p).items() if not k.startswith("evaluate.")}
+    tracker = Tracker.start(experiment=p.tracking.experiment, params=params, tags=tags,
+                            run_name=run_name("train", params, default_params()))
+    if tracker.run_id:
+        tracker.set_tag(NOTE_TAG, training_note(tracker.run_id))
+    return tracker, 0
 
 
 if __name__ == "__main__":

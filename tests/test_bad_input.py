@@ -68,7 +68,7 @@ class Data:
         self.val = copy.deepcopy(self.train)
         self.raw: dict[str, bytes] = {}
         self.params = copy.deepcopy(base_params)
-        self.params["dataset"] = {"name": "coco", "source": str(root), "train_images": str(self.images),
+        self.params["dataset"] = {"name": "coco", "train_images": str(self.images),
                                   "train_annotations": str(self.train_json), "val_images": str(self.images),
                                   "val_annotations": str(self.val_json)}
 

@@ -127,3 +127,13 @@ def test_loading_and_validating_params_imports_neither_torch_nor_torchvision():
     assert "pipelines.policy" in imported and "omegaconf" in imported  # the measurement works
     heavy = sorted(name for name in imported if name.split(".")[0] in ("torch", "torchvision"))
     assert not heavy, f"validating params imports {heavy[:5]}"
+
+
+@pytest.mark.parametrize("overrides", [["solver=smoke"], ["profile=ci"], ["profile=ci", "augment.box_prob=0.5"],
+                                       ["dataset=coco", "solver=smoke"]])
+def test_smoke_solver_and_ci_profile_compose_valid_params(overrides):
+    composed = yaml.safe_load(compose_params(REPO, overrides))
+    p = params_from_dict(composed)
+    assert p.train.warmup_iters < p.train.max_iter <= 20 and p.train.ims_per_batch == 4
+    assert {"train_images", "train_annotations", "val_images", "val_annotations"} <= set(composed["dataset"])
+    assert "source" not in composed["dataset"]

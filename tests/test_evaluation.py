@@ -38,6 +38,21 @@ def test_ground_truth_as_detections_scores_one(coco_real):
 def test_no_detections_scores_zero(coco_real):
     metrics = coco_evaluate(str(coco_real[0]), [])
     assert set(metrics.stats.values()) == {0.0}
+    assert set(metrics.per_category.values()) == {0.0}
+
+
+def test_per_category_ap_covers_exactly_the_categories_with_ground_truth(coco_real):
+    """With or without detections, and whichever categories the detections cover."""
+    gt, _ = read_annotations(coco_real[0])
+    names = {c["id"]: c["name"] for c in gt["categories"]}
+    with_gt = [names[i] for i in sorted({a["category_id"] for a in gt["annotations"] if not a.get("iscrowd")})]
+    assert 0 < len(with_gt) < len(names)  # the real subset leaves most of COCO's 80 categories without boxes
+    one = next(a for a in gt["annotations"] if not a.get("iscrowd"))
+    some = [{"image_id": one["image_id"], "category_id": one["category_id"], "bbox": one["bbox"], "score": 1.0}]
+    for detections in ([], some):
+        metrics = coco_evaluate(str(coco_real[0]), detections)
+        assert list(metrics.per_category) == with_gt  # in category id order
+    assert metrics.per_category[names[one["category_id"]]] > 0
 
 
 class _Oracle(torch.nn.Module):

