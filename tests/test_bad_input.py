@@ -33,7 +33,7 @@ from pipelines.data.dataset import DetectionDataset
 from .conftest import REPO
 
 SIZES = {"a.jpg": (32, 24), "b.jpg": (24, 32), "c.jpg": (32, 24)}  # file name: (width, height)
-DATASET_KEYS = "name, source, train_images, train_annotations, val_images, val_annotations"
+DATASET_KEYS = "name, train_images, train_annotations, val_images, val_annotations"
 
 
 def save_image(path: Path, size: tuple[int, int], *, seed: int = 0, mode: str = "RGB", **options) -> None:
