@@ -138,6 +138,16 @@ def write_run_file(path: str | Path, *, run_id: str | None, experiment: str, **f
     write_json(path, {"run_id": run_id, "tracking_uri": tracking_uri(), "experiment": experiment, **fields})
 
 
+def read_run_file(path: str | Path) -> dict[str, Any]:
+    """What a run file of an earlier start holds: ``{}`` if there is none or it is unreadable (a
+    stage then starts a new run)."""
+    try:
+        fields = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
 def read_run_id(path: str | Path) -> str | None:
     """The run id in a file written by :func:`write_run_file`, None if it holds ``null`` (the train
     stage ran without tracking); a :class:`TrackingError` if the file is unusable."""

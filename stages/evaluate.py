@@ -12,7 +12,6 @@ for ``dvc exp show``. Outputs: ``--metrics`` (the 12 COCO figures), ``--per-cate
 
 from __future__ import annotations
 
-import json
 import logging
 
 from pipelines import build, checkpoint, cli, distributed
@@ -23,7 +22,7 @@ from pipelines.errors import CheckpointError
 from pipelines.evaluation import coco_evaluate, predict
 from pipelines.fileio import write_json
 from pipelines.tracking import (NOTE_TAG, TRAINING_RUN_TAG, Tracker, close_run, default_params, evaluation_note,
-                                read_run_id, run_name, stage_tags, write_run_file)
+                                read_run_file, read_run_id, run_name, stage_tags, write_run_file)
 
 log = logging.getLogger("evaluate")
 
@@ -94,11 +93,8 @@ def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: 
 def _tracker(p, args, training_run_id: str | None) -> Tracker:
     """A new evaluation run (all params, lineage tags, linked to the training run), recorded in
     ``args.run_file``; a run that an earlier, killed evaluation left open there is closed as KILLED."""
-    try:
-        previous = json.loads(args.run_file.read_text())
-    except (OSError, ValueError):
-        previous = {}
-    if isinstance(previous, dict) and previous.get("status") == "running" and previous.get("run_id"):
+    previous = read_run_file(args.run_file)
+    if previous.get("status") == "running" and previous.get("run_id"):
         close_run(previous["run_id"], "KILLED")
     params = to_flat_dict(p)
     tags = stage_tags("evaluate", params_file=args.params, cache=args.cache)

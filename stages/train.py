@@ -24,8 +24,8 @@ from pipelines.data.preview import augmentation_preview
 from pipelines.engine import MetricLog, StopRequest, train
 from pipelines.errors import Stopped
 from pipelines.fileio import atomic_file, check_writable
-from pipelines.tracking import (NOTE_TAG, Tracker, close_run, default_params, run_name, stage_tags, training_note,
-                                write_run_file)
+from pipelines.tracking import (NOTE_TAG, Tracker, close_run, default_params, read_run_file, run_name, stage_tags,
+                                training_note, write_run_file)
 
 log = logging.getLogger("train")
 PREVIEW_SAMPLES = 6
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpointer = checkpoint.Checkpointer(work, keep=t.keep_checkpoints, fingerprint=fingerprint,
                                            extra={"categories": cache.categories})
     state_file = work / "run.json"  # this attempt's run id, fingerprint and status; outputs/train/run.json at the end
-    previous = _read_run_file(state_file) if main_process else {}
+    previous = read_run_file(state_file) if main_process else {}
     interrupted = previous.get("status") == "running"
     start_iter, _ = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, interrupted=interrupted)
     loader = build.train_loader(p, dataset, rank=rank, world_size=world_size, device=device, start_iter=start_iter)
@@ -115,15 +115,6 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work / checkpoint.SET_ASIDE, ignore_errors=True)  # the run before is no longer needed
         tracker.finish()
     distributed.shutdown()
-
-
-def _read_run_file(path) -> dict:
-    """The run file of the start before (``{}`` if there is none or it is unreadable)."""
-    try:
-        previous = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return previous if isinstance(previous, dict) else {}
 
 
 def _tracker(p, previous: dict, fingerprint: str, *, resumed: bool, main_process: bool,
