@@ -11,7 +11,12 @@ starts), then runs ``python -m MODULE ARGS...`` in ``train.nproc`` processes per
   process killed by a signal is named with its rank, pid and signal. torchrun's ``ChildFailedError``
   block and the agent's log lines appear only with ``PIPELINES_DEBUG=1``;
 * with ``--run-file``, an MLflow run that the failed processes left RUNNING is closed (FAILED, or
-  KILLED when a signal stopped it).
+  KILLED when a signal stopped it);
+* SIGTERM, SIGINT or SIGHUP reads the same whenever it comes: before the processes start, while they
+  run (torchrun's agent forwards it and they stop at an iteration boundary) or while they finish,
+  ``error: stopped by SIGTERM`` and exit code 128 + the signal number. Once every process has
+  succeeded (or the stop is reported), the signals are ignored: the work is done and the exit code
+  says so (0), where Python's interpreter shutdown would otherwise die silently by the signal.
 """
 
 from __future__ import annotations
@@ -25,9 +30,23 @@ import uuid
 
 from . import cli
 from .config import load_params
-from .errors import PipelineError
+from .errors import PipelineError, Stopped
 
 log = logging.getLogger("launch")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Signalled(Stopped):
+    """A stop signal that reached the launcher before torchrun's agent handled signals, or after."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.sigval = signum
+        self.exit_code = 128 + signum
+
+
+def _raise_signalled(signum: int, _frame) -> None:
+    raise _Signalled(signum)
 
 
 def _message(failure) -> str:
@@ -71,7 +90,9 @@ def launch(module: str, args: list[str], *, nproc: int, run_file: str | None = N
 
     debug = bool(os.environ.get(cli.DEBUG_ENV))
     if not debug:
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+        for name in [*logging.root.manager.loggerDict, "torch.distributed.elastic"]:  # torch sets each one's level
+            if name.startswith("torch.distributed.elastic"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each process sets its own thread count
     os.environ[cli.LAUNCHED_ENV] = "1"  # processes leave the reporting to the launcher
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
@@ -85,11 +106,20 @@ def launch(module: str, args: list[str], *, nproc: int, run_file: str | None = N
         _close_run(run_file, "KILLED" if failure.exitcode < 0 else "FAILED")
         print(f"\nerror: {describe(rank, failure)}", file=sys.stderr)  # on its own line, after any progress bar
         return 2
-    except SignalException as err:
+    except (SignalException, _Signalled) as err:
+        _ignore_stop_signals()  # a second signal must not cut the report short
         _close_run(run_file, "KILLED")
         print(f"\nerror: stopped by {signal.Signals(err.sigval).name}", file=sys.stderr)
         return 128 + int(err.sigval)
+    _ignore_stop_signals()  # done: a late signal changes nothing
     return 0
+
+
+def _ignore_stop_signals() -> None:
+    """Ignore the stop signals from now on (process-wide, and kept through Python's shutdown, which
+    resets handlers, not ignored signals, to the default: death)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _close_run(run_file: str | None, status: str) -> None:
@@ -112,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("module", help="the stage module, e.g. stages.train")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the module's arguments")
     args = parser.parse_args(argv)
+    for signum in STOP_SIGNALS:  # until torchrun's agent installs its own (which raise SignalException)
+        signal.signal(signum, _raise_signalled)
     p = load_params(args.params)
     sys.exit(launch(args.module, ["--params", args.params, *args.args], nproc=p.train.nproc, run_file=args.run_file))
 

@@ -57,6 +57,8 @@ above is the product). :func:`close_run` ends a run whose owning process was kil
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -458,7 +460,31 @@ def _client(uri: str, timeout: float):
     _prepare(uri)
     import mlflow
 
-    return _Attempt(lambda: mlflow.MlflowClient(tracking_uri=uri)).wait(timeout)
+    def make():
+        with _store_creation_lock(uri):
+            return mlflow.MlflowClient(tracking_uri=uri)
+
+    return _Attempt(make).wait(timeout)
+
+
+@contextlib.contextmanager
+def _store_creation_lock(uri: str):
+    """For a SQLite store: an exclusive ``flock`` on the database's folder while the client opens it.
+
+    Opening a new database runs MLflow's schema migrations; two pipelines doing it at once (the
+    experiments of ``dvc queue start -j 2`` on a fresh repository) break one of them ("Online migration
+    expected to match one row"). Any other store: nothing to lock."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    folder = Path(uri[len("sqlite:///"):]).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def close_run(run_id: str, status: str, *, tracking_uri: str | None = None) -> bool:
@@ -476,10 +502,7 @@ def close_run(run_id: str, status: str, *, tracking_uri: str | None = None) -> b
         return False
     uri = tracking_uri or _default_tracking_uri()
     try:
-        _prepare(uri)
-        import mlflow
-
-        client = _Attempt(lambda: mlflow.MlflowClient(tracking_uri=uri)).wait(OPEN_TIMEOUT)
+        client = _client(uri, OPEN_TIMEOUT)
 
         def close() -> bool:
             if client.get_run(run_id).info.status != "RUNNING":

@@ -12,7 +12,8 @@ from pipelines.errors import DatasetError
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--params")
-    parser.add_argument("--fail", choices=["none", "user-error-on-rank-1", "bug-on-rank-1", "sigkill-rank-1"])
+    parser.add_argument("--fail", choices=["none", "user-error-on-rank-1", "bug-on-rank-1", "sigkill-rank-1", "sleep"])
+    parser.add_argument("--done-file", help="rank 0 creates it as its last act")
     args = parser.parse_args(argv)
     distributed.init_from_env()
     rank = distributed.get_rank()
@@ -24,9 +25,11 @@ def main(argv=None):
     if rank == 1 and args.fail == "sigkill-rank-1":
         os.kill(os.getpid(), signal.SIGKILL)
     if args.fail != "none":
-        time.sleep(60)  # rank 0 is still busy when rank 1 fails: the launcher must stop it
+        time.sleep(60)  # "sleep": until the launcher stops the group  # rank 0 is still busy when rank 1 fails: the launcher must stop it
     distributed.synchronize()
     distributed.shutdown()
+    if rank == 0 and args.done_file:
+        open(args.done_file, "w").close()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """The launcher in front of torchrun's elastic launch: one line per failure, exit code 2, no torchrun block."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -26,6 +29,24 @@ def _launch(params, *args, debug=False, timeout=120):
         env["PIPELINES_DEBUG"] = "1"
     return subprocess.run([sys.executable, "-m", "pipelines.launch", "--params", str(params), *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _start(params, *args) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("PIPELINES_DEBUG", "PIPELINES_LAUNCHED")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen([sys.executable, "-m", "pipelines.launch", "--params", str(params), *args], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _error_lines(done):
@@ -74,3 +95,36 @@ def test_bad_params_stop_before_any_process_starts(params, tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == (f"error: {path}: train.ims_per_batch: expected a multiple of the number of "
                                    "processes (train.nproc = 2), got 7")
+
+
+def test_sigterm_while_the_group_runs_stops_it_in_one_line(params):
+    launcher = _start(params, "tests.launch_probe", "--fail", "sleep")
+    deadline = time.monotonic() + 60
+    while len(workers := _children(launcher.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(workers) == 2
+    time.sleep(2)  # both have started
+    launcher.send_signal(signal.SIGTERM)
+    stdout, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert _error_lines(subprocess.CompletedProcess([], 0, stdout, stderr)) == ["error: stopped by SIGTERM"]
+    assert not any(_alive(pid) for pid in workers)  # the launcher stopped the processes it started
+
+
+def test_a_late_sigterm_is_never_a_silent_death(params, tmp_path):
+    """However late a stop signal comes while the launcher ends (the processes done, the agent closing,
+    Python shutting down), the exit is 0 (the work is done) or the one stop line: never death by signal."""
+    for attempt in range(3):
+        done_file = tmp_path / f"done{attempt}"
+        launcher = _start(params, "tests.launch_probe", "--fail", "none", "--done-file", str(done_file))
+        while not done_file.exists() and launcher.poll() is None:
+            time.sleep(0.005)
+        time.sleep(0.05 * attempt)
+        while launcher.poll() is None:  # signal it again and again until it has ended
+            launcher.send_signal(signal.SIGTERM)
+            time.sleep(0.01)
+        stdout, stderr = launcher.communicate(timeout=60)
+        assert launcher.returncode in (0, 128 + signal.SIGTERM), stderr[-2000:]
+        assert "death signal" not in stderr  # torchrun's agent log stays quiet
+        if launcher.returncode:
+            assert _error_lines(subprocess.CompletedProcess([], 0, stdout, stderr)) == ["error: stopped by SIGTERM"]

@@ -307,7 +307,9 @@ def _cmdline(pid: int) -> str:
 def _interrupt_training(repo: Path, *, at: int, target: str, sig: int) -> tuple[subprocess.CompletedProcess, int]:
     """Start ``dvc repro``; once the training log has a row for iteration ``at`` or later, send ``sig`` to
     one of the processes the test started (``target``: a ``worker`` or the ``launcher``), found by pid
-    among its descendants. Returns the finished ``dvc repro`` and the iteration the log had reached."""
+    among its descendants; the launcher gets it while the workers are held (SIGSTOP, then SIGCONT), so
+    that it lands before training ends. Returns the finished ``dvc repro`` and the iteration the log had
+    reached."""
     log = repo / "outputs" / "train" / "checkpoints" / "train_log.csv"
     dvc = subprocess.Popen(["dvc", "repro"], cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
@@ -323,7 +325,17 @@ def _interrupt_training(repo: Path, *, at: int, target: str, sig: int) -> tuple[
     processes = [pid for pid in _descendants(dvc.pid) if "stages.train" in _cmdline(pid)]
     launcher = [pid for pid in processes if "pipelines.launch" in _cmdline(pid)]
     workers = [pid for pid in processes if pid not in launcher]
-    os.kill(random.Random(at).choice(workers) if target == "worker" else launcher[0], sig)
+    if target == "worker":
+        os.kill(random.Random(at).choice(workers), sig)
+    else:  # the workers are held while the launcher gets the signal, so that it comes before training ends
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        last = int(log.read_text().splitlines()[-1].split(",")[0])
+        assert last < yaml.safe_load((repo / "params.yaml").read_text())["train"]["max_iter"]
+        os.kill(launcher[0], sig)
+        time.sleep(1)
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
     stdout, stderr = dvc.communicate(timeout=600)
     return subprocess.CompletedProcess(dvc.args, dvc.returncode, stdout, stderr), reached
 

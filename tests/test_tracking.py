@@ -505,3 +505,33 @@ def test_stage_tags_hash_the_params_cache_and_earlier_stages_data(tmp_path):
         "dvc.lock/prepare/data/coco": "d1.dir", "dvc.lock/prepare/data/prepared": "a1.dir",
         "dvc.lock/train/data/prepared": "a1.dir", "dvc.lock/train/outputs/train/model_final.pth": "m0"}
     assert tracking.stage_tags("train", params_file=tmp_path / "missing.yaml") == {"pipeline.stage": "train"}
+
+
+_CREATE_STORE = """
+import sys, time
+from pathlib import Path
+import mlflow
+from pipelines import tracking
+uri, go, direct = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "direct"
+print("ready", flush=True)
+while not go.exists():
+    time.sleep(0.01)
+client = mlflow.MlflowClient(tracking_uri=uri) if direct else tracking._client(uri, tracking.OPEN_TIMEOUT)
+print(len(client.search_experiments()))
+"""
+
+
+def _create_store_twice_at_once(tmp_path, how: str) -> list[subprocess.CompletedProcess]:
+    uri, go = f"sqlite:///{tmp_path / how / 'mlflow.db'}", tmp_path / f"go-{how}"
+    (tmp_path / how).mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", _CREATE_STORE, uri, str(go), how], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    assert all(p.stdout.readline().strip() == "ready" for p in procs)  # both have imported mlflow
+    go.touch()
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in procs]
+
+
+def test_two_pipelines_creating_a_new_sqlite_store_at_once_both_get_it(tmp_path):
+    """The experiments of ``dvc queue start -j 2`` on a fresh repository open a new store at the same moment."""
+    for done in _create_store_twice_at_once(tmp_path, "locked"):
+        assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]  # the Default experiment
