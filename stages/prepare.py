@@ -1,8 +1,9 @@
 """Stage prepare: generate (synthetic) or import (coco) the dataset, validate it, summarise it.
 
 Writes ``<out>/{train,val}.json`` (validated COCO annotations), ``<out>/dataset.json`` (where each
-split's images are) and, for the synthetic dataset, ``<out>/images/``; plus a summary for
-``dvc metrics``. Nothing is replaced unless every split validates: every image decodes (with the
+split's images are) and, for the synthetic dataset, ``<out>/images/``; plus the dataset's counts
+(images, annotations, crowd, clipped and rejected boxes, boxes per category and per COCO scale) as
+rows for ``dvc plots``, a bar chart, not headline metrics: their number grows with the classes. Nothing is replaced unless every split validates: every image decodes (with the
 decoder training uses) at the size its JSON states, and the train split has at least one usable box.
 """
 
@@ -23,7 +24,8 @@ SPLITS = ("train", "val")
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, out="folder for the prepared dataset", metrics="dataset summary (JSON)")
+    args = cli.parse_args(__doc__, argv, out="folder for the prepared dataset",
+                          metrics="the dataset's counts (JSON rows for dvc plots)")
     dataset = load_params(args.params).dataset
 
     summary, splits = {}, {}
@@ -52,7 +54,19 @@ def main(argv: list[str] | None = None) -> None:
                      summary[split]["images"], summary[split]["annotations"], summary[split]["boxes_clipped"],
                      summary[split]["boxes_rejected_degenerate"] + summary[split]["boxes_rejected_outside"])
         write_json(tmp / "dataset.json", {"name": dataset.name, "splits": splits})
-    write_json(args.metrics, summary)
+    write_json(args.metrics, count_rows(summary))
+
+
+def count_rows(summary: dict[str, dict]) -> list[dict]:
+    """``validate_coco``'s summaries by split as rows ``{"item": "train: images", "split": "train",
+    "count": 512}``: scalar counts first, then ``boxes of <category>``, then ``<scale> boxes``."""
+    rows = []
+    for split, counts in summary.items():
+        items = {k: v for k, v in counts.items() if not isinstance(v, dict)}
+        items.update({f"boxes of {name}": n for name, n in counts["per_category"].items()})
+        items.update({f"{scale} boxes": n for scale, n in counts["per_scale"].items()})
+        rows += [{"item": f"{split}: {what}", "split": split, "count": n} for what, n in items.items()]
+    return rows
 
 
 if __name__ == "__main__":

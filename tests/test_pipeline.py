@@ -120,6 +120,9 @@ def test_repro_runs_four_stages_and_records_a_training_and_an_evaluation_run(rep
     chart = plots["Per-category AP (val)"][0]["content"]
     assert chart["mark"]["type"] == "bar" and len(chart["data"]["values"]) == len(per_category)
     assert "metrics/per_category.json" not in plots  # no second, default chart of the same file
+    counts = {row["item"]: row["count"] for row in plots["Dataset counts"][0]["content"]["data"]["values"]}
+    assert counts["train: images"] == 16 and counts["val: images"] == 6 and "train: boxes of circle" in counts
+    assert set(shown) == {"metrics/eval.json", "metrics/run.json"}  # headline figures only, however many classes
 
     client, runs = _runs(repo)
     (training,), (evaluation,) = _runs(repo, "train")[1], _runs(repo, "evaluate")[1]
