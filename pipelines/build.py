@@ -13,18 +13,29 @@ from .config import Params
 from .data.autoaug.augment import ScaleAwareAutoAugment
 from .data.loader import make_test_loader, make_train_loader
 from .data.transforms import Compose, RandomHorizontalFlip, TestTimeAugmentation, build_transforms
+from .errors import ConfigError
 from .model import Detector, build_detector
 from .policy import Policy, decode_policy
 from .solver import build_lr_scheduler, build_optimizer
 
 
-def detector(p: Params, *, num_classes: int) -> Detector:
-    """The randomly initialised detector of ``p.model`` (seed torch's generator first)."""
+def detector(p: Params, *, num_classes: int, pretrained: bool = True) -> Detector:
+    """The detector of ``p.model`` (seed torch's generator first): random weights, then, with
+    ``pretrained``, the ResNet's from ``model.backbone_weights`` (pass ``False`` when a trained model's
+    state dict will replace them anyway); ``model.trainable_layers`` sets which stages train.
+
+    Raises:
+        ConfigError: ``model.backbone_weights`` cannot be read, downloaded or loaded (one line).
+    """
     m = p.model
-    return build_detector(num_classes=num_classes, backbone=m.backbone, norm=m.norm, fpn_channels=m.fpn_channels,
-                          head_convs=m.head_convs, precision=m.precision, channels_last=m.channels_last,
-                          score_thresh=m.score_thresh, nms_thresh=m.nms_thresh,
-                          detections_per_img=m.detections_per_img, topk_candidates=m.topk_candidates)
+    try:
+        return build_detector(num_classes=num_classes, backbone=m.backbone, norm=m.norm, fpn_channels=m.fpn_channels,
+                              backbone_weights=m.backbone_weights if pretrained else None,
+                              trainable_layers=m.trainable_layers, head_convs=m.head_convs, precision=m.precision,
+                              channels_last=m.channels_last, score_thresh=m.score_thresh, nms_thresh=m.nms_thresh,
+                              detections_per_img=m.detections_per_img, topk_candidates=m.topk_candidates)
+    except ConfigError as err:
+        raise ConfigError(f"model.backbone_weights: {err}") from None
 
 
 def policy(p: Params) -> Policy | None:
@@ -93,3 +104,27 @@ def scheduler(p: Params, optimizer: torch.optim.Optimizer) -> torch.optim.lr_sch
     t = p.train
     return build_lr_scheduler(optimizer, schedule=t.lr_schedule, max_iter=t.max_iter, steps=list(t.steps),
                               gamma=t.gamma, warmup_iters=t.warmup_iters, warmup_factor=t.warmup_factor)
+
+
+def grad_scaler(p: Params, device: torch.device) -> torch.amp.GradScaler:
+    """The gradient scaler fp16 autocast needs (``model.precision: fp16``); disabled, a no-op, otherwise."""
+    return torch.amp.GradScaler(device.type, enabled=p.model.precision == "fp16")
+
+
+def data_parallel(p: Params, model: torch.nn.Module, *, device: torch.device, world_size: int) -> torch.nn.Module:
+    """``model`` as the training loop runs it: in one process as it is; in several, its BatchNorm layers
+    made ``SyncBatchNorm`` if ``model.sync_batchnorm`` (GPUs only), then wrapped in DDP.
+
+    Raises:
+        ConfigError: ``model.sync_batchnorm`` on CPU.
+    """
+    if world_size == 1:
+        return model
+    if p.model.sync_batchnorm:
+        if device.type != "cuda":
+            raise ConfigError("model.sync_batchnorm: SyncBatchNorm runs on GPUs only; this run is on "
+                              f"{device.type} (set it to false)")
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)

@@ -61,11 +61,18 @@ def load(path: str | Path) -> dict[str, Any]:
     return state
 
 
+# Params that may name a local file whose content, not only its path, determines the weights.
+WEIGHT_FILES = ("model.backbone_weights",)
+
+
 def fingerprint(*, params: dict[str, Any], data: str, root: Path | None = None) -> str:
     """SHA-256 of what determines the trained weights: ``params`` (those that change the weights),
-    ``data`` (a hash of the training data) and the source of every project module loaded in this
-    process (``pipelines`` and ``stages`` under ``root``, the repository by default)."""
+    ``data`` (a hash of the training data), the content of any file named by a :data:`WEIGHT_FILES`
+    param (pretrained weights) and the source of every project module loaded in this process
+    (``pipelines`` and ``stages`` under ``root``, the repository by default)."""
     root = (root or Path(__file__).resolve().parents[1]).resolve()
+    files = {key: _sha256(Path(params[key])) for key in WEIGHT_FILES
+             if isinstance(params.get(key), str) and Path(params[key]).is_file()}
     code = []
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
@@ -73,8 +80,19 @@ def fingerprint(*, params: dict[str, Any], data: str, root: Path | None = None) 
             path = Path(file).resolve()
             if path.is_relative_to(root) and path.relative_to(root).parts[0] in ("pipelines", "stages"):
                 code.append((str(path.relative_to(root)), hashlib.sha256(path.read_bytes()).hexdigest()))
-    blob = json.dumps({"params": params, "data": data, "code": sorted(code)}, sort_keys=True, default=str)
+    content = {"params": params, "data": data, "code": sorted(code)}
+    if files:
+        content["files"] = files
+    blob = json.dumps(content, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def rng_state() -> dict[str, Any]:
@@ -119,14 +137,16 @@ class Checkpointer:
         self.fingerprint = fingerprint
         self.extra = dict(extra or {})
 
-    def save(self, iteration: int, *, model: nn.Module, optimizer, scheduler) -> Path:
-        """Write the checkpoint of ``iteration`` (main process), then drop all but the newest ``keep``."""
+    def save(self, iteration: int, *, model: nn.Module, optimizer, scheduler, scaler=None) -> Path:
+        """Write the checkpoint of ``iteration`` (main process), then drop all but the newest ``keep``.
+        An enabled gradient ``scaler`` (fp16) is saved too."""
         rngs = distributed.gather_objects(rng_state())
         path = self.folder / f"model_{iteration:07d}.pth"
         if distributed.is_main_process():
+            scaled = {"grad_scaler": scaler.state_dict()} if scaler is not None and scaler.is_enabled() else {}
             save(path, model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(),
                  scheduler=scheduler.state_dict(), iteration=iteration, fingerprint=self.fingerprint, rng=rngs,
-                 **self.extra)
+                 **scaled, **self.extra)
             for _, old in checkpoints(self.folder)[: -self.keep]:
                 old.unlink(missing_ok=True)
         return path
@@ -164,8 +184,9 @@ class Checkpointer:
         log.warning("%s: %d checkpoint(s) %s moved to %s; training starts from iteration 0", self.folder, len(found),
                     why, aside)
 
-    def resume(self, *, model: nn.Module, optimizer, scheduler, interrupted: bool = True) -> tuple[int, dict[str, Any]]:
-        """Load the newest matching checkpoint into ``model``, ``optimizer``, ``scheduler`` and this
+    def resume(self, *, model: nn.Module, optimizer, scheduler, scaler=None,
+               interrupted: bool = True) -> tuple[int, dict[str, Any]]:
+        """Load the newest matching checkpoint into ``model``, ``optimizer``, ``scheduler`` (and ``scaler``) and this
         process's random generators; return ``(iteration, checkpoint extras)``, ``(0, {})`` if none.
 
         Only an ``interrupted`` run (as the main process knows it) is resumed; a new one sets the
@@ -184,10 +205,12 @@ class Checkpointer:
         unwrap(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and "grad_scaler" in state:
+            scaler.load_state_dict(state["grad_scaler"])
         rngs = state.get("rng") or []
         if distributed.get_rank() < len(rngs):
             set_rng_state(rngs[distributed.get_rank()])
         if found:
             log.info("resuming from %s (iteration %d)", found[0], state["iteration"])
-        extras = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng")}
+        extras = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "grad_scaler", "rng")}
         return int(state["iteration"]), extras

@@ -9,6 +9,7 @@ The schemas carry no defaults of their own: ``conf/`` is the single source of va
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -66,15 +67,20 @@ DATASETS: dict[str, type] = {"synthetic": SyntheticDataset, "coco": CocoDataset}
 class Model:
     name: str = MISSING
     backbone: str = MISSING  # resnet18 | resnet34 | resnet50 | resnet101
-    norm: str = MISSING  # batchnorm | groupnorm | frozen_batchnorm
+    norm: str = MISSING  # batchnorm | groupnorm | frozen_batchnorm (the last only with backbone_weights)
+    # null: from scratch; a torchvision weights name (IMAGENET1K_V1, ResNet50_Weights.IMAGENET1K_V1),
+    # downloaded once into torch's hub cache; or a local file holding a state dict of the ResNet
+    backbone_weights: Optional[str] = MISSING
+    trainable_layers: int = MISSING  # ResNet stages trained, from the top (torchvision's meaning): 0..5
     fpn_channels: int = MISSING
     head_convs: int = MISSING
     min_size_train: list[int] = MISSING  # shorter side; one value is drawn per image
     max_size_train: int = MISSING
     min_size_test: int = MISSING
     max_size_test: int = MISSING
-    precision: str = MISSING  # bf16 | fp32: autocast of backbone and head
+    precision: str = MISSING  # bf16 | fp16 | fp32: autocast of backbone and head (fp16 with a gradient scaler)
     channels_last: bool = MISSING
+    sync_batchnorm: bool = MISSING  # BatchNorm statistics over all processes (SyncBatchNorm; GPUs only)
     score_thresh: float = MISSING
     nms_thresh: float = MISSING
     detections_per_img: int = MISSING
@@ -128,12 +134,24 @@ class Evaluate:
     tta_scales: list[int] = MISSING  # shorter sides of the extra scales
     tta_max_size: int = MISSING
     tta_flip: bool = MISSING  # also flip each scale
+    backend: str = MISSING  # pycocotools | faster_coco_eval: the COCOeval that scores the detections
 
 
 @dataclass
 class Tracking:
     experiment: str = MISSING
     log_checkpoints: bool = MISSING  # also store every checkpoint in MLflow (the final model always is)
+
+
+@dataclass
+class Launch:
+    """Where the processes run, read by ``pipelines.launch`` only: no stage depends on it and it is not in
+    the resume fingerprint, so changing it re-runs nothing. ``nodes: 1`` is torchrun's ``--standalone``."""
+
+    nodes: int = MISSING  # machines, each running train.nproc processes
+    rdzv_endpoint: str = MISSING  # HOST:PORT of the c10d rendezvous (on one of the nodes) when nodes > 1
+    rdzv_id: str = MISSING  # the job's id: the same on every node, another for another job
+    max_restarts: int = MISSING  # restarts of the whole group after a failure; each resumes from a checkpoint
 
 
 @dataclass
@@ -145,17 +163,35 @@ class Params:
     train: Train = field(default_factory=Train)
     evaluate: Evaluate = field(default_factory=Evaluate)
     tracking: Tracking = field(default_factory=Tracking)
+    launch: Launch = field(default_factory=Launch)
     dataset: Any = None  # SyntheticDataset | CocoDataset, chosen by dataset.name
 
 
 CHOICES = {
     "model.backbone": ("resnet18", "resnet34", "resnet50", "resnet101"),
     "model.norm": ("batchnorm", "groupnorm", "frozen_batchnorm"),
-    "model.precision": ("bf16", "fp32"),
+    "model.precision": ("bf16", "fp16", "fp32"),
     "augment.name": ("none", "flip", "sa_autoaug"),
     "train.optimizer": ("sgd", "adamw"),
     "train.lr_schedule": ("multistep", "cosine"),
+    "evaluate.backend": ("pycocotools", "faster_coco_eval"),  # pipelines.evaluation.BACKENDS
 }
+
+
+_WEIGHTS_NAME = re.compile(r"(?:(\w+_Weights)\.)?([A-Z][A-Z0-9_]*)")
+
+
+def weights_name(value: str) -> tuple[str | None, str] | None:
+    """``(enum, member)`` when ``model.backbone_weights`` names torchvision weights (``IMAGENET1K_V1``:
+    ``(None, "IMAGENET1K_V1")``; ``ResNet50_Weights.IMAGENET1K_V1``), ``None`` when it is a file path
+    (anything else; ``./IMAGENET1K_V1`` is a file)."""
+    match = _WEIGHTS_NAME.fullmatch(value)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def weights_enum(backbone: str) -> str:
+    """The name of torchvision's weights enum of a ResNet backbone: ``resnet50`` -> ``ResNet50_Weights``."""
+    return f"ResNet{backbone.removeprefix('resnet')}_Weights"
 
 
 def load_params(path: str | Path = "params.yaml", *, world_size: int | None = None) -> Params:
@@ -286,6 +322,24 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
     require(0 < m.nms_thresh <= 1, "model.nms_thresh", "a value in (0, 1]", m.nms_thresh)
     require(m.detections_per_img >= 1, "model.detections_per_img", "at least 1", m.detections_per_img)
     require(m.topk_candidates >= 1, "model.topk_candidates", "at least 1", m.topk_candidates)
+    require(0 <= m.trainable_layers <= 5, "model.trainable_layers",
+            "0 to 5 (ResNet stages trained, from the top; 5: all)", m.trainable_layers)
+    w = m.backbone_weights
+    if w is None:
+        require(m.norm != "frozen_batchnorm", "model.norm", "batchnorm or groupnorm when model.backbone_weights is "
+                "null (frozen_batchnorm from scratch keeps mean 0, variance 1: no normalisation)", m.norm)
+        require(m.trainable_layers == 5, "model.trainable_layers", "5 when model.backbone_weights is null "
+                "(frozen stages would keep their random weights)", m.trainable_layers)
+    else:
+        require(w != "" and w == w.strip(), "model.backbone_weights",
+                "null, a torchvision weights name or the path of a state-dict file", w)
+        name = weights_name(w)
+        if name is not None:
+            enum = weights_enum(m.backbone)
+            require(name[0] in (None, enum), "model.backbone_weights",
+                    f"weights of model.backbone ({m.backbone}): {enum}.{name[1]} or {name[1]}", w)
+            require(m.norm != "groupnorm", "model.norm", f"batchnorm or frozen_batchnorm with torchvision weights "
+                    f"(model.backbone_weights = {w!r} holds BatchNorm layers)", m.norm)
 
     a = p.augment
     require(0 <= a.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", a.hflip_prob)
@@ -305,6 +359,8 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
     require(p.loader.num_workers >= 0, "loader.num_workers", "an integer >= 0", p.loader.num_workers)
     require(p.loader.size_divisibility >= 1, "loader.size_divisibility", "an integer >= 1", p.loader.size_divisibility)
 
+    require(not p.model.sync_batchnorm or p.model.norm == "batchnorm", "model.sync_batchnorm",
+            f"false with model.norm {p.model.norm!r} (only trainable BatchNorm synchronises)", p.model.sync_batchnorm)
     t = p.train
     require(t.nproc >= 1, "train.nproc", "at least 1 process", t.nproc)
     require(t.max_iter >= 1, "train.max_iter", "at least 1 iteration", t.max_iter)
@@ -328,7 +384,16 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
             f">= the largest evaluate.tta_scales ({max(e.tta_scales, default=0)})", e.tta_max_size)
     require(bool(p.tracking.experiment.strip()), "tracking.experiment", "a non-empty experiment name", p.tracking.experiment)
 
-    for n, what in ((t.nproc, "train.nproc"), (world_size, "running processes")):
+    launch = p.launch
+    require(launch.nodes >= 1, "launch.nodes", "at least 1 node", launch.nodes)
+    require(launch.max_restarts >= 0, "launch.max_restarts", "an integer >= 0", launch.max_restarts)
+    if launch.nodes > 1:
+        host, _, port = launch.rdzv_endpoint.rpartition(":")
+        require(bool(host) and port.isdigit() and 0 < int(port) < 65536, "launch.rdzv_endpoint",
+                "HOST:PORT of the rendezvous (a port in 1..65535) when launch.nodes > 1", launch.rdzv_endpoint)
+        require(bool(launch.rdzv_id.strip()), "launch.rdzv_id", "a non-empty job id", launch.rdzv_id)
+    processes = (launch.nodes * t.nproc, "launch.nodes x train.nproc") if launch.nodes > 1 else (t.nproc, "train.nproc")
+    for n, what in (processes, (world_size, "running processes")):
         if n is None:
             continue
         for key, batch in (("train.ims_per_batch", t.ims_per_batch), ("evaluate.ims_per_batch", p.evaluate.ims_per_batch)):

@@ -91,9 +91,11 @@ class StopRequest:
 
 
 def train_step(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, scheduler,
-               clip_grad_norm: float = 0.0) -> dict[str, torch.Tensor]:
+               clip_grad_norm: float = 0.0, scaler: torch.amp.GradScaler | None = None) -> dict[str, torch.Tensor]:
     """One iteration: forward, backward of the summed losses, gradient clipping (if ``clip_grad_norm``
-    > 0), optimizer and scheduler step.
+    > 0), optimizer and scheduler step. With an enabled ``scaler`` (fp16 autocast) the losses are
+    scaled before the backward pass and the gradients unscaled before clipping; a step whose gradients
+    overflowed is skipped, as ``torch.amp`` prescribes.
 
     ``batch`` is a :class:`~pipelines.data.collate.Batch` on the model's device. Returns this
     process's losses (detached scalars), before any reduction across processes.
@@ -101,17 +103,26 @@ def train_step(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Opti
     loss_dict = model(batch.images, batch.image_sizes, batch.targets)
     losses = sum(loss_dict.values())
     optimizer.zero_grad(set_to_none=True)
-    losses.backward()
-    if clip_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-    optimizer.step()
+    if scaler is not None and scaler.is_enabled():
+        scaler.scale(losses).backward()
+        if clip_grad_norm > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        losses.backward()
+        if clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+        optimizer.step()
     scheduler.step()
     return {k: v.detach() for k, v in loss_dict.items()}
 
 
 def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, scheduler, *, device: torch.device,
           max_iter: int, start_iter: int = 0, ims_per_batch: int, log_period: int = 20, checkpoint_period: int = 1000,
-          checkpointer: Checkpointer | None = None, clip_grad_norm: float = 0.0, tracker: Tracker | None = None,
+          checkpointer: Checkpointer | None = None, clip_grad_norm: float = 0.0,
+          scaler: torch.amp.GradScaler | None = None, tracker: Tracker | None = None,
           tracked_until: int = 0, metric_log: MetricLog | None = None, stop: StopRequest | None = None) -> None:
     """Train from ``start_iter`` to ``max_iter``, one batch of ``loader`` each (:func:`train_step`).
 
@@ -135,7 +146,7 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
     iteration, last_checkpoint = start_iter, None
     for batch in loader:
         iteration += 1
-        losses = train_step(model, batch.to(device, non_blocking=True), optimizer, scheduler, clip_grad_norm)
+        losses = train_step(model, batch.to(device, non_blocking=True), optimizer, scheduler, clip_grad_norm, scaler)
         reduced_tensors = distributed.reduce_loss_dict(losses)
         total = float(sum(reduced_tensors.values()))  # summed in float32, as logged before
         reduced = {k: float(v) for k, v in reduced_tensors.items()}
@@ -152,9 +163,12 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
                    "lr": optimizer.param_groups[0]["lr"]}
             metric_log.write(row)  # deterministic: the same params give the same file
             images_per_sec = ims_per_batch * window_iters / elapsed
+            speed = {"train/images_per_sec": images_per_sec}
+            if device.type == "cuda":  # peak GPU memory of this process so far (MB), as detectron2 logs it
+                speed["train/max_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
             if iteration > tracked_until:
-                tracker.log_metrics({**{f"train/{k}": v for k, v in row.items() if k != "iteration"},
-                                     "train/images_per_sec": images_per_sec}, step=iteration)
+                tracker.log_metrics({**{f"train/{k}": v for k, v in row.items() if k != "iteration"}, **speed},
+                                    step=iteration)
             progress.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}", ips=f"{images_per_sec:.1f}")
             window_start, window_iters = time.perf_counter(), 0
         progress.update(1)
@@ -162,7 +176,8 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
         periodic = iteration % checkpoint_period == 0 and iteration < max_iter
         stopping = stop is not None and distributed.all_reduce_max(float(stop.is_set())) > 0
         if checkpointer is not None and (periodic or (stopping and iteration < max_iter)):
-            last_checkpoint = checkpointer.save(iteration, model=model, optimizer=optimizer, scheduler=scheduler)
+            last_checkpoint = checkpointer.save(iteration, model=model, optimizer=optimizer, scheduler=scheduler,
+                                                scaler=scaler)
             if main:
                 log.info("iteration %d: checkpoint %s", iteration, last_checkpoint)
         if stopping and iteration < max_iter:

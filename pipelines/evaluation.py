@@ -1,10 +1,12 @@
-"""Inference over a test loader and COCO box evaluation with pycocotools."""
+"""Inference over a test loader and COCO box evaluation with pycocotools or faster-coco-eval."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +22,8 @@ from .data.transforms import TestTimeAugmentation, resized_size
 
 log = logging.getLogger(__name__)
 
+# COCO box evaluation backends: pycocotools' reference COCOeval, or faster-coco-eval's C++ port of it.
+BACKENDS = ("pycocotools", "faster_coco_eval")
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
 
@@ -105,14 +109,22 @@ class CocoMetrics:
     summary: str = ""
 
 
-def coco_evaluate(gt: COCO | str, detections: list[dict]) -> CocoMetrics:
-    """Evaluate COCO-format box detections against ground truth with pycocotools' ``COCOeval``.
+def coco_evaluate(gt: str | os.PathLike, detections: list[dict], *, backend: str) -> CocoMetrics:
+    """Evaluate COCO-format box detections against the ground truth JSON at ``gt``.
+
+    ``backend`` is one of :data:`BACKENDS`: ``pycocotools`` (the reference ``COCOeval``) or
+    ``faster_coco_eval`` (its ``COCOeval_faster``, same figures several times faster; its precision
+    omits pycocotools' ``+ np.spacing(1)`` in ``tp / (tp + fp)``, so AP figures may differ from
+    pycocotools' in the last bits, below 1e-14, and recall figures are identical).
 
     Crowd regions are ignored as COCO specifies. With no detections every figure is 0. Per-category
-    AP covers exactly the categories with ground truth (see :class:`CocoMetrics`).
+    AP covers exactly the categories with ground truth (see :class:`CocoMetrics`). Like both
+    libraries' ``loadRes``, this adds ``id``, ``area``, ``iscrowd`` and ``segmentation`` to each
+    detection dict.
     """
+    coco_class, evaluator_class = _backend(backend)
     with contextlib.redirect_stdout(io.StringIO()):
-        coco_gt = COCO(gt) if isinstance(gt, str) else gt
+        coco_gt = coco_class(os.fspath(gt))
     if not detections:
         with_gt = {a["category_id"] for a in coco_gt.dataset.get("annotations", []) if not a.get("iscrowd")}
         return CocoMetrics(stats={name: 0.0 for name in STAT_NAMES},
@@ -121,7 +133,7 @@ def coco_evaluate(gt: COCO | str, detections: list[dict]) -> CocoMetrics:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         coco_dt = coco_gt.loadRes(detections)
-        evaluator = COCOeval(coco_gt, coco_dt, "bbox")
+        evaluator = evaluator_class(coco_gt, coco_dt, "bbox")
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
@@ -147,8 +159,22 @@ def coco_evaluate(gt: COCO | str, detections: list[dict]) -> CocoMetrics:
             row[name] = _finite(by_iou[t, r].mean())
         row["precision_iou50_95"] = _finite(np.nanmean(by_iou[:, r]))
         curve.append(row)
-    summary = "\n".join(line for line in printed.getvalue().splitlines() if line.startswith(" Average"))
+    # faster-coco-eval prints two more recall lines (IoU 0.50 and 0.75) after the 12 figures.
+    summary = "\n".join([line for line in printed.getvalue().splitlines() if line.startswith(" Average")][:len(STAT_NAMES)])
     return CocoMetrics(stats=stats, per_category=per_category, pr_curve=curve, summary=summary)
+
+
+def _backend(name: str) -> tuple[type, type]:
+    """``(COCO, COCOeval)`` of backend ``name``; faster-coco-eval is imported only when chosen."""
+    if name == "pycocotools":
+        return COCO, COCOeval
+    if name == "faster_coco_eval":
+        from faster_coco_eval import COCO as FasterCOCO
+        from faster_coco_eval import COCOeval_faster
+
+        # Its evaluator reports through a print function (default: logging); print, like pycocotools.
+        return FasterCOCO, functools.partial(COCOeval_faster, print_function=print)
+    raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {name!r}")
 
 
 def _finite(value: float) -> float:

@@ -2,8 +2,10 @@
 
 It validates ``params.yaml`` first (one line and exit code 2 on a bad value, before any process
 starts), then runs ``python -m MODULE ARGS...`` in ``train.nproc`` processes per node through
-:func:`torch.distributed.launcher.api.elastic_launch`, exactly as ``torchrun --standalone`` does
-(c10d rendezvous on localhost, gloo on CPU, NCCL on GPU). What it adds is the way failures read:
+:func:`torch.distributed.launcher.api.elastic_launch`, as ``torchrun`` does: ``--standalone`` for
+``launch.nodes: 1`` (c10d rendezvous on localhost), else a c10d rendezvous of ``launch.nodes`` nodes at
+``launch.rdzv_endpoint`` under ``launch.rdzv_id``, with ``launch.max_restarts`` restarts of the group;
+gloo on CPU, NCCL on GPU. What it adds is the way failures read:
 
 * a failed process is reported in one line, ``error: <message>``, taken from the error file that
   :func:`pipelines.cli.run` writes in every failing process (the root cause: a recorded error before
@@ -82,8 +84,14 @@ def describe(rank: int, failure) -> str:
     return _message(failure) or f"process rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}"
 
 
-def launch(module: str, args: list[str], *, nproc: int, run_file: str | None = None) -> int:
-    """Run ``python -m module args`` in ``nproc`` processes; return the exit code for the launcher."""
+def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_endpoint: str = "localhost:0",
+           rdzv_id: str | None = None, max_restarts: int = 0, run_file: str | None = None) -> int:
+    """Run ``python -m module args`` in ``nproc`` processes on this node; return the launcher's exit code.
+
+    ``nodes == 1`` is torchrun's ``--standalone`` (a rendezvous on a free local port, a fresh id).
+    With more, every node runs the same command; they meet at ``rdzv_endpoint`` (c10d, hosted by the
+    agent on the machine that has that address) under ``rdzv_id``. ``max_restarts`` > 0 restarts the
+    whole group after a failure (a stage then resumes from its newest checkpoint)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -95,8 +103,10 @@ def launch(module: str, args: list[str], *, nproc: int, run_file: str | None = N
                 logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each process sets its own thread count
     os.environ[cli.LAUNCHED_ENV] = "1"  # processes leave the reporting to the launcher
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+    if nodes == 1:
+        rdzv_endpoint, rdzv_id = "localhost:0", str(uuid.uuid4())
+    config = LaunchConfig(min_nodes=nodes, max_nodes=nodes, nproc_per_node=nproc, run_id=rdzv_id,
+                          rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
     try:
         elastic_launch(config, sys.executable)("-u", "-m", module, *args)
     except ChildFailedError as err:
@@ -139,13 +149,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the parameters file (also passed to the module)")
     parser.add_argument("--run-file", help="MLflow run file to close if the processes die with the run RUNNING")
+    parser.add_argument("--single-node", action="store_true",
+                        help="run on this node only, whatever launch.nodes says (the evaluate stage)")
     parser.add_argument("module", help="the stage module, e.g. stages.train")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the module's arguments")
     args = parser.parse_args(argv)
     for signum in STOP_SIGNALS:  # until torchrun's agent installs its own (which raise SignalException)
         signal.signal(signum, _raise_signalled)
     p = load_params(args.params)
-    sys.exit(launch(args.module, ["--params", args.params, *args.args], nproc=p.train.nproc, run_file=args.run_file))
+    sys.exit(launch(args.module, ["--params", args.params, *args.args], nproc=p.train.nproc,
+                    nodes=1 if args.single_node else p.launch.nodes,
+                    rdzv_endpoint=p.launch.rdzv_endpoint, rdzv_id=p.launch.rdzv_id,
+                    max_restarts=p.launch.max_restarts, run_file=args.run_file))
 
 
 if __name__ == "__main__":

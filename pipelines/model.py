@@ -2,11 +2,15 @@
 
 :class:`Detector` keeps FCOS's backbone, head, target assignment, losses and post-processing, and
 replaces only its input transform: our loader already resized and padded the images, so the model
-just normalises them. Backbone and head run under bf16 autocast when asked; head outputs are cast
+just normalises them. Backbone and head run under bf16 or fp16 autocast when asked; head outputs are cast
 back to fp32 before the loss and box decoding (bf16 would round box positions to about 2 px).
+The ResNet body starts from random weights or from pretrained ones (a torchvision weights name or
+a local state-dict file), with its lower stages optionally frozen, as torchvision's detectors do.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torchvision
@@ -17,18 +21,38 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import FrozenBatchNorm2d
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
+from .config import weights_name
 from .data.transforms import IMAGE_MEAN, IMAGE_STD
+from .errors import ConfigError
 
 NORM_LAYERS = {
     "batchnorm": nn.BatchNorm2d,
     "groupnorm": lambda channels: nn.GroupNorm(32, channels),
     "frozen_batchnorm": FrozenBatchNorm2d,  # from scratch this means no normalisation at all
 }
+# The ResNet's stages from the top, as torchvision's ``trainable_backbone_layers`` counts them.
+STAGES = ("layer4", "layer3", "layer2", "layer1", "conv1")
 
 
-def build_backbone(*, backbone: str, norm: str, fpn_channels: int) -> BackboneWithFPN:
-    """A ResNet (random weights) with an FPN over C3-C5 plus P6-P7: FCOS's five strides 8..128."""
+def build_backbone(*, backbone: str, norm: str, fpn_channels: int, weights: str | Path | None = None,
+                   trainable_layers: int = 5) -> BackboneWithFPN:
+    """A ResNet with an FPN over C3-C5 plus P6-P7: FCOS's five strides 8..128.
+
+    The ResNet is initialised at random, then (with ``weights``) overwritten by
+    :func:`load_backbone_weights`, so the FPN and head draw the same random numbers either way. Only
+    the top ``trainable_layers`` stages keep ``requires_grad`` (torchvision's meaning: 5 all, 3
+    layer2-layer4, 0 none).
+
+    Raises:
+        ConfigError: the weights cannot be read, downloaded or loaded (the message names the value).
+    """
     body = getattr(torchvision.models, backbone)(weights=None, norm_layer=NORM_LAYERS[norm])
+    if weights is not None:
+        load_backbone_weights(body, weights, backbone=backbone)
+    trained = STAGES[:trainable_layers] + (("bn1",) if trainable_layers == len(STAGES) else ())
+    for name, param in body.named_parameters():
+        if not name.startswith(trained):
+            param.requires_grad_(False)
     stage1 = body.inplanes // 8  # channels of layer1's output (inplanes ends as layer4's)
     return BackboneWithFPN(
         body,
@@ -37,6 +61,81 @@ def build_backbone(*, backbone: str, norm: str, fpn_channels: int) -> BackboneWi
         out_channels=fpn_channels,
         extra_blocks=LastLevelP6P7(fpn_channels, fpn_channels),
     )
+
+
+def load_backbone_weights(body: nn.Module, weights: str | Path, *, backbone: str) -> None:
+    """Load pretrained weights into the ResNet ``body`` of architecture ``backbone`` (e.g. ``resnet50``).
+
+    ``weights`` is a torchvision weights name of that architecture (``IMAGENET1K_V1``,
+    ``ResNet50_Weights.IMAGENET1K_V1``: see :func:`pipelines.config.weights_name`), fetched through
+    torchvision (downloaded once into torch's hub cache), or a file (a :class:`~pathlib.Path`, or a
+    string that is no weights name) holding the body's state dict, bare or under ``state_dict`` or
+    ``model``. Every key and shape must match, except the classifier ``fc`` (which the detector
+    drops) and BatchNorm's ``num_batches_tracked``.
+
+    Raises:
+        ConfigError: one line that names ``weights`` and says what was expected.
+    """
+    if isinstance(weights, str) and weights_name(weights) is not None:
+        state = _torchvision_weights(weights, backbone)
+    else:
+        state = _weights_file(Path(weights), backbone)
+
+    def relevant(key: str) -> bool:
+        return not key.startswith("fc.") and not key.endswith(".num_batches_tracked")
+
+    state = {k: v for k, v in state.items() if relevant(k)}
+    expected = {k: v for k, v in body.state_dict().items() if relevant(k)}
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [f"{k} {list(state[k].shape)} instead of {list(v.shape)}"
+                  for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    problems = [f"{len(found)} {what} ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''})"
+                for what, found in (("missing keys", missing), ("unexpected keys", unexpected),
+                                    ("shape mismatches", mismatched)) if found]
+    if problems:
+        raise ConfigError(f"{str(weights)!r}: does not match the {backbone} backbone: {'; '.join(problems)}; expected "
+                          f"a state dict of torchvision.models.{backbone}() whose norm layers match model.norm")
+    body.load_state_dict(state, strict=False)  # strict in effect: only fc and num_batches_tracked may be absent
+
+
+def _torchvision_weights(name: str, backbone: str) -> dict[str, Tensor]:
+    enum = torchvision.models.get_model_weights(backbone)
+    qualifier, member = weights_name(name)
+    if qualifier not in (None, enum.__name__) or member not in enum.__members__:
+        raise ConfigError(f"{name!r}: no such weights for {backbone}; expected one of "
+                          f"{', '.join(enum.__members__)} (or {enum.__name__}.<name>), or a state-dict file")
+    found = enum[member]
+    try:
+        return found.get_state_dict(progress=False, check_hash=True)
+    except Exception as err:  # urllib, hash checks and torch.load raise many types
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"{name!r}: could not download {found} from {found.url} ({type(err).__name__}: {reason}); "
+                          f"expected internet access, the file in {torch.hub.get_dir()}/checkpoints, "
+                          f"or a local state-dict file") from None
+
+
+def _weights_file(path: Path, backbone: str) -> dict[str, Tensor]:
+    expected = (f"expected a state dict of torchvision.models.{backbone}() (e.g. saved from its state_dict()), "
+                f"or a torchvision weights name such as IMAGENET1K_V1")
+    if not path.is_file():
+        raise ConfigError(f"{str(path)!r}: {'not a file' if path.exists() else 'file not found'}; {expected}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for files it cannot read
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"{str(path)!r}: not a readable PyTorch file ({type(err).__name__}: {reason}); "
+                          f"{expected}") from None
+    if isinstance(state, dict):
+        for key in ("state_dict", "model"):  # a checkpoint that wraps the state dict
+            if isinstance(state.get(key), dict):
+                state = state[key]
+                break
+    if not (isinstance(state, dict) and state
+            and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items())):
+        raise ConfigError(f"{str(path)!r}: holds no state dict (a {type(state).__name__} that does not map names "
+                          f"to tensors); {expected}")
+    return state
 
 
 class Detector(FCOS):
@@ -51,7 +150,7 @@ class Detector(FCOS):
                  channels_last: bool = False, **fcos_kwargs):
         head = FCOSHead(backbone.out_channels, 1, num_classes, num_convs=head_convs)
         super().__init__(backbone, num_classes, head=head, **fcos_kwargs)
-        self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.channels_last = channels_last
         self.register_buffer("pixel_mean", torch.tensor(IMAGE_MEAN).view(1, 3, 1, 1) * 255, persistent=False)
         self.register_buffer("pixel_std", torch.tensor(IMAGE_STD).view(1, 3, 1, 1) * 255, persistent=False)
@@ -83,12 +182,15 @@ class Detector(FCOS):
 
 
 def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = "batchnorm", fpn_channels: int = 128,
+                   backbone_weights: str | Path | None = None, trainable_layers: int = 5,
                    head_convs: int = 2, precision: str = "fp32", channels_last: bool = False,
                    score_thresh: float = 0.05, nms_thresh: float = 0.6, detections_per_img: int = 100,
                    topk_candidates: int = 1000) -> Detector:
-    """Build a randomly initialised :class:`Detector` (nothing is downloaded)."""
+    """Build a :class:`Detector`: random weights, the ResNet's from ``backbone_weights`` if given
+    (see :func:`build_backbone`; without them nothing is downloaded)."""
     return Detector(
-        build_backbone(backbone=backbone, norm=norm, fpn_channels=fpn_channels),
+        build_backbone(backbone=backbone, norm=norm, fpn_channels=fpn_channels, weights=backbone_weights,
+                       trainable_layers=trainable_layers),
         num_classes,
         head_convs=head_convs,
         precision=precision,

@@ -1,7 +1,8 @@
 """Stage evaluate: COCO box metrics of the final model on the val split, in an MLflow run of its own.
 
 Each process takes a shard of the val images; detections are gathered on rank 0, mapped back to
-JSON category ids and original image coordinates, and scored with pycocotools' ``COCOeval``.
+JSON category ids and original image coordinates, and scored with ``COCOeval`` of
+``evaluate.backend`` (pycocotools or faster-coco-eval).
 
 Every execution makes a new MLflow *evaluation run* (all params, the ``eval/*`` metrics, lineage
 tags) tagged ``training_run_id`` with the training run that made the model; ``--run-file`` holds its
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     state = checkpoint.load(args.model)
     if state.get("categories") != cache.categories:
         raise CheckpointError(f"{args.model}: trained on other categories than {args.cache / 'val'}")
-    model = build.detector(p, num_classes=len(cache.categories))
+    model = build.detector(p, num_classes=len(cache.categories), pretrained=False)  # the trained weights replace them
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
 def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: str | None, *, step: int,
             images: int) -> None:
     """Score ``detections``, write the stage's outputs and record them in the evaluation run."""
-    metrics = coco_evaluate(str(args.prepared / "val.json"), detections)
+    metrics = coco_evaluate(args.prepared / "val.json", detections, backend=p.evaluate.backend)
     log.info("COCO box metrics on %d val images:\n%s", images, metrics.summary)
     write_json(args.detections, detections, indent=None)
     write_json(args.metrics, metrics.stats)

@@ -1,4 +1,4 @@
-"""Stage train: FCOS from scratch with DDP, started by ``python -m pipelines.launch`` (torchrun's elastic launch).
+"""Stage train: FCOS with DDP, started by ``python -m pipelines.launch`` (torchrun's elastic launch).
 
 Resumes exactly: a run that was killed or stopped continues from the newest checkpoint with the same
 fingerprint (training params, data and code) and gives the weights an uninterrupted run gives, in
@@ -14,7 +14,6 @@ import logging
 import shutil
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from pipelines import build, checkpoint, cli, distributed
 from pipelines.config import load_params, to_flat_dict, training_params
@@ -60,10 +59,11 @@ def main(argv: list[str] | None = None) -> None:
     state_file = work / "run.json"  # this attempt's run id, fingerprint and status; outputs/train/run.json at the end
     previous = read_run_file(state_file) if main_process else {}
     interrupted = previous.get("status") == "running"
-    start_iter, _ = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, interrupted=interrupted)
+    scaler = build.grad_scaler(p, device)
+    start_iter, _ = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                                        interrupted=interrupted)
     loader = build.train_loader(p, dataset, rank=rank, world_size=world_size, device=device, start_iter=start_iter)
-    if world_size > 1:
-        model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    model = build.data_parallel(p, model, device=device, world_size=world_size)
     log.info("%d images, %d classes, %.1fM parameters, %d processes on %s, batch %d, iterations %d to %d",
              len(dataset), len(cache.categories), sum(x.numel() for x in model.parameters()) / 1e6,
              world_size, device.type, t.ims_per_batch, start_iter, t.max_iter)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(model, loader, optimizer, scheduler, device=device, max_iter=t.max_iter, start_iter=start_iter,
               ims_per_batch=t.ims_per_batch, log_period=t.log_period, checkpoint_period=t.checkpoint_period,
-              checkpointer=checkpointer, clip_grad_norm=t.clip_grad_norm, tracker=tracker,
+              checkpointer=checkpointer, clip_grad_norm=t.clip_grad_norm, scaler=scaler, tracker=tracker,
               tracked_until=tracked_until, metric_log=MetricLog(train_log, start_iter=start_iter), stop=stop)
     except Stopped:
         tracker.finish("KILLED")

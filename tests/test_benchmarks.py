@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from benchmarks import annotations as annotations_benchmark
+from benchmarks import evaluation as evaluation_benchmark
 from benchmarks import loader as loader_benchmark
 from benchmarks.coco_scale import COCO_CATEGORY_IDS, make_coco_scale, write_coco_scale
 from pipelines import build
@@ -63,6 +64,36 @@ def test_annotations_benchmark_reports_every_figure(tmp_path, capsys):
     assert figures["coco"]["access_us"] > 0 and figures["cache"]["access_us"] > 0
     assert set(figures["targets_met"]) == {"open_speedup", "memory_fraction", "access_us", "build_vs_json_load"}
     assert "| pycocotools `COCO(path)` |" in annotations_benchmark.table(figures)
+
+
+def test_evaluation_benchmark_times_both_backends_and_checks_their_figures(capsys):
+    evaluation_benchmark.main(["--quick", "--json"])
+    figures = json.loads(capsys.readouterr().out)
+    quick = evaluation_benchmark.QUICK
+    assert figures["dataset"]["images"] == quick["images"] and figures["dataset"]["detections"] == quick["detections"]
+    assert figures["dataset"]["crowd"] > 0
+    assert set(figures["backends"]) == {"pycocotools", "faster_coco_eval"}
+    for measured in figures["backends"].values():
+        assert measured["seconds"] > 0 and measured["peak_rss_mb"] >= measured["base_rss_mb"] > 0
+        assert len(measured["runs"]) == quick["repeats"]
+    assert figures["backends"]["pycocotools"]["time_ratio"] == 1.0
+    assert figures["figures"]["agree"] and 0 < figures["figures"]["reference"]["AP"] < 1
+    text = evaluation_benchmark.table(figures)
+    assert "| `pycocotools` |" in text and "| `faster_coco_eval` |" in text and "agree: yes" in text
+
+
+def test_evaluation_benchmark_detections_are_spread_evenly_and_grouped_by_image():
+    coco = make_coco_scale(seed=0, num_images=40, num_boxes=300)
+    detections = evaluation_benchmark.make_detections(coco, num_detections=1003, seed=1)
+    assert len(detections) == 1003
+    counts = np.unique([d["image_id"] for d in detections], return_counts=True)[1]
+    assert len(counts) == 40 and set(counts.tolist()) == {25, 26}
+    order = {im["id"]: row for row, im in enumerate(coco["images"])}
+    rows = [order[d["image_id"]] for d in detections]
+    assert rows == sorted(rows)
+    assert {d["category_id"] for d in detections} <= set(COCO_CATEGORY_IDS)
+    assert all(d["bbox"][2] > 0 and d["bbox"][3] > 0 and 0 <= d["score"] <= 1 for d in detections)
+    assert detections == evaluation_benchmark.make_detections(coco, num_detections=1003, seed=1)
 
 
 def test_loader_benchmark_reports_every_figure(tmp_path, capsys):

@@ -1,18 +1,22 @@
 """The one edge from params to objects: each builder passes the params it is given, and only those."""
 
 import dataclasses
+from urllib.error import URLError
 
 import pytest
 import torch
+import torchvision
 import yaml
+from torchvision.models._api import WeightsEnum
 
-from pipelines import build
+from pipelines import build, checkpoint
 from pipelines.compose import compose_params
-from pipelines.config import Params, load_params, params_from_dict
+from pipelines.config import Params, load_params, params_from_dict, training_params
 from pipelines.data.autoaug.augment import ScaleAwareAutoAugment
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data import transforms
 from pipelines.data.transforms import Compose, RandomHorizontalFlip, ResizeShorterSide
+from pipelines.errors import ConfigError
 from pipelines.policy import decode_policy
 
 from .conftest import REPO
@@ -102,3 +106,128 @@ def test_optimizer_and_schedule_follow_the_train_section(params):
     build.scheduler(p, optimizer)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 0.2)  # the warm-up factor at iteration 0
     assert isinstance(build.optimizer(params, model), torch.optim.AdamW)
+
+
+def _r18_file(tmp_path, state=None):
+    path = tmp_path / "r18.pth"
+    torch.save(torchvision.models.resnet18().state_dict() if state is None else state, path)
+    return path
+
+
+def _small(params, **values):
+    return _with(params, "model", fpn_channels=32, head_convs=1, **values)
+
+
+def test_detector_loads_backbone_weights_from_a_file_and_freezes_the_stages(params, tmp_path):
+    state = {k: v + 1 if v.is_floating_point() else v for k, v in torchvision.models.resnet18().state_dict().items()}
+    path = _r18_file(tmp_path, state)
+    p = _small(params, backbone_weights=str(path), norm="frozen_batchnorm", trainable_layers=3)
+    body = build.detector(p, num_classes=3).backbone.body
+    assert all(torch.equal(v, state[k]) for k, v in body.state_dict().items())
+    assert {n for n, x in body.named_parameters() if not x.requires_grad} == \
+        {n for n, _ in body.named_parameters() if n.startswith(("conv1.", "layer1."))}
+    # A trained model's state dict replaces the weights anyway: nothing needs to be read.
+    assert not torch.equal(build.detector(p, num_classes=3, pretrained=False).backbone.body.conv1.weight,
+                           state["conv1.weight"])
+
+
+@pytest.mark.parametrize("value", ["IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1", "DEFAULT"])
+def test_detector_resolves_torchvision_weights_names(params, monkeypatch, value):
+    state = {k: torch.full_like(v, 0.5) if v.is_floating_point() else v
+             for k, v in torchvision.models.resnet18().state_dict().items()}
+    asked = []
+
+    def get_state_dict(weights, *args, **kwargs):  # instead of the download
+        asked.append(weights)
+        return state
+
+    monkeypatch.setattr(WeightsEnum, "get_state_dict", get_state_dict)
+    body = build.detector(_small(params, backbone_weights=value), num_classes=3).backbone.body
+    assert asked == [torchvision.models.ResNet18_Weights.IMAGENET1K_V1]
+    assert all(torch.equal(v, state[k]) for k, v in body.state_dict().items())
+
+
+def _garbage(tmp_path):
+    path = tmp_path / "garbage.pth"
+    path.write_bytes(b"this is not a checkpoint\n" * 10)
+    return path
+
+
+def _no_state_dict(tmp_path):
+    path = tmp_path / "list.pth"
+    torch.save([1, 2, 3], path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: tmp / "missing.pth", "file not found; expected a state dict of torchvision.models.resnet18()"),
+        (lambda tmp: tmp, "not a file; expected a state dict"),
+        (_garbage, "garbage.pth': not a readable PyTorch file ("),
+        (_no_state_dict, "holds no state dict (a list that does not map names to tensors); expected a state dict"),
+        (lambda tmp: _r18_file(tmp, {"conv1.weight": torch.zeros(64, 3, 7, 7), "extra.weight": torch.zeros(1)}),
+         ": does not match the resnet18 backbone: 99 missing keys (bn1.weight, bn1.bias, bn1.running_mean, ...); "
+         "1 unexpected keys (extra.weight); expected a state dict of torchvision.models.resnet18()"),
+        (lambda tmp: _r18_file(tmp, torchvision.models.resnet34().state_dict()),
+         "80 unexpected keys (layer1.2.conv1.weight, layer1.2.bn1.weight, "),
+        (lambda tmp: _r18_file(tmp, {**torchvision.models.resnet18().state_dict(),
+                                     "conv1.weight": torch.zeros(8, 3, 7, 7)}),
+         "1 shape mismatches (conv1.weight [8, 3, 7, 7] instead of [64, 3, 7, 7])"),
+    ],
+)
+def test_bad_backbone_weights_files_stop_with_one_line(params, tmp_path, make, message):
+    value = str(make(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        build.detector(_small(params, backbone_weights=value), num_classes=3)
+    text = str(err.value)
+    assert text.startswith(f"model.backbone_weights: {value!r}") and message in text and "\n" not in text
+
+
+def test_unknown_weights_name_and_failed_download_stop_with_one_line(params, tmp_path, monkeypatch):
+    with pytest.raises(ConfigError) as err:
+        build.detector(_small(params, backbone_weights="IMAGENET9K_V9"), num_classes=3)
+    assert str(err.value) == ("model.backbone_weights: 'IMAGENET9K_V9': no such weights for resnet18; expected one of "
+                              "IMAGENET1K_V1, DEFAULT (or ResNet18_Weights.<name>), or a state-dict file")
+
+    def offline(*args, **kwargs):
+        raise URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))  # an empty cache: it must download
+    monkeypatch.setattr(torch.hub, "urlopen", offline)
+    with pytest.raises(ConfigError) as err:
+        build.detector(_small(params, backbone_weights="ResNet18_Weights.IMAGENET1K_V1"), num_classes=3)
+    text = str(err.value)
+    assert text.startswith("model.backbone_weights: 'ResNet18_Weights.IMAGENET1K_V1': could not download "
+                           "ResNet18_Weights.IMAGENET1K_V1 from https://download.pytorch.org/models/resnet18-")
+    assert ("(URLError: <urlopen error [Errno -3] Temporary failure in name resolution>); "
+            "expected internet access") in text
+    assert str(tmp_path / "hub" / "checkpoints") in text and "\n" not in text
+    assert not any((tmp_path / "hub").rglob("*.pth"))
+
+
+def test_backbone_weights_file_content_is_in_the_resume_fingerprint(params, tmp_path):
+    path = _r18_file(tmp_path)
+
+    def fingerprint(p):
+        return checkpoint.fingerprint(params=training_params(p), data="d")
+
+    scratch = fingerprint(params)
+    pretrained = _with(params, "model", backbone_weights=str(path))
+    before = fingerprint(pretrained)
+    assert before != scratch and before != fingerprint(_with(params, "model", backbone_weights="IMAGENET1K_V1"))
+    torch.save({k: v + 1 for k, v in torchvision.models.resnet18().state_dict().items()}, path)
+    assert fingerprint(pretrained) != before  # same path, other content: not resumed into
+
+
+def test_one_process_trains_the_model_itself_and_sync_batchnorm_needs_a_gpu(params):
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    assert build.data_parallel(params, model, device=torch.device("cpu"), world_size=1) is model
+    synced = _with(params, "model", sync_batchnorm=True)
+    with pytest.raises(ConfigError, match="model.sync_batchnorm: SyncBatchNorm runs on GPUs only; this run is on cpu"):
+        build.data_parallel(synced, model, device=torch.device("cpu"), world_size=2)
+
+
+def test_the_gradient_scaler_is_on_for_fp16_only(params):
+    for precision, enabled in (("fp16", True), ("bf16", False), ("fp32", False)):
+        assert build.grad_scaler(_with(params, "model", precision=precision), torch.device("cpu")).is_enabled() == enabled

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from pipelines.compose import compose_params
-from pipelines.config import load_params, params_from_dict, to_flat_dict
+from pipelines.config import load_params, params_from_dict, to_flat_dict, training_params, weights_name
 from pipelines.errors import ConfigError
 
 from .conftest import REPO
@@ -76,6 +76,10 @@ def _broken(raw: dict, dotted: str, value) -> dict:
         ("augment.n_subpolicies", 0, "augment.n_subpolicies: expected a positive integer, got 0"),
         ("augment.policy", [10] + [0] * 39, "augment.policy[0]: expected an integer 0..9, got 10"),
         ("augment.policy", [0] * 39, "augment.policy: expected 40 genes for 5 sub-policies"),
+        ("model.precision", "fp8", "model.precision: expected one of bf16, fp16, fp32, got 'fp8'"),
+        ("launch.nodes", 0, "launch.nodes: expected at least 1 node, got 0"),
+        ("launch.max_restarts", -1, "launch.max_restarts: expected an integer >= 0, got -1"),
+        ("launch.port", 1, "launch.port: unknown key (expected one of: nodes, rdzv_endpoint, rdzv_id, max_restarts)"),
     ],
 )
 def test_bad_values_stop_with_one_line_naming_the_key(raw_params, key, value, message):
@@ -137,3 +141,103 @@ def test_smoke_solver_and_ci_profile_compose_valid_params(overrides):
     assert p.train.warmup_iters < p.train.max_iter <= 20 and p.train.ims_per_batch == 4
     assert {"train_images", "train_annotations", "val_images", "val_annotations"} <= set(composed["dataset"])
     assert "source" not in composed["dataset"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model.trainable_layers": 6}, "model.trainable_layers: expected 0 to 5 (ResNet stages trained, from the top; "
+                                        "5: all), got 6"),
+        ({"model.trainable_layers": -1}, "model.trainable_layers: expected 0 to 5"),
+        ({"model.trainable_layers": 3}, "model.trainable_layers: expected 5 when model.backbone_weights is null "
+                                        "(frozen stages would keep their random weights), got 3"),
+        ({"model.norm": "frozen_batchnorm"}, "model.norm: expected batchnorm or groupnorm when model.backbone_weights "
+                                             "is null (frozen_batchnorm from scratch keeps mean 0, variance 1: no "
+                                             "normalisation), got 'frozen_batchnorm'"),
+        ({"model.backbone_weights": ""}, "model.backbone_weights: expected null, a torchvision weights name or the "
+                                         "path of a state-dict file, got ''"),
+        ({"model.backbone_weights": "w.pth "}, "model.backbone_weights: expected null, a torchvision weights name"),
+        ({"model.backbone_weights": "ResNet50_Weights.IMAGENET1K_V1"},
+         "model.backbone_weights: expected weights of model.backbone (resnet18): ResNet18_Weights.IMAGENET1K_V1 or "
+         "IMAGENET1K_V1, got 'ResNet50_Weights.IMAGENET1K_V1'"),
+        ({"model.backbone_weights": "IMAGENET1K_V1", "model.norm": "groupnorm"},
+         "model.norm: expected batchnorm or frozen_batchnorm with torchvision weights (model.backbone_weights = "
+         "'IMAGENET1K_V1' holds BatchNorm layers), got 'groupnorm'"),
+        ({"model.backbone_weights": KeyError}, "model.backbone_weights: missing value"),
+        ({"model.trainable_layers": KeyError}, "model.trainable_layers: missing value"),
+    ],
+)
+def test_bad_backbone_settings_stop_with_one_line(raw_params, changes, message):
+    raw = raw_params
+    for key, value in changes.items():
+        raw = _broken(raw, key, value)
+    with pytest.raises(ConfigError) as err:
+        params_from_dict(raw, source="params.yaml")
+    assert str(err.value).startswith(f"params.yaml: {message}") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        # frozen BatchNorm and frozen stages with pretrained weights, named or from a file (read when building)
+        {"model.backbone_weights": "IMAGENET1K_V1", "model.norm": "frozen_batchnorm", "model.trainable_layers": 0},
+        {"model.backbone_weights": "ResNet18_Weights.DEFAULT", "model.trainable_layers": 5},
+        {"model.backbone_weights": "weights/r18.pth", "model.norm": "groupnorm", "model.trainable_layers": 3},
+        {"model.backbone_weights": "./IMAGENET1K_V1"},
+    ],
+)
+def test_backbone_settings_that_validate(raw_params, changes):
+    raw = raw_params
+    for key, value in changes.items():
+        raw = _broken(raw, key, value)
+    params_from_dict(raw)
+
+
+def test_weights_names_and_paths():
+    assert weights_name("IMAGENET1K_V1") == (None, "IMAGENET1K_V1")
+    assert weights_name("ResNet50_Weights.IMAGENET1K_V2") == ("ResNet50_Weights", "IMAGENET1K_V2")
+    assert weights_name("DEFAULT") == (None, "DEFAULT")
+    for path in ("r50.pth", "./IMAGENET1K_V1", "/data/weights/ResNet50_Weights.IMAGENET1K_V1.pth", "imagenet1k_v1"):
+        assert weights_name(path) is None
+
+
+def test_pretrained_r50_preset_is_the_published_setting():
+    composed = yaml.safe_load(compose_params(REPO, ["model=fcos_r50_pretrained", "solver=fcos_1x"]))
+    m = params_from_dict(composed).model
+    assert (m.backbone, m.norm, m.trainable_layers) == ("resnet50", "frozen_batchnorm", 3)
+    assert m.backbone_weights == "ResNet50_Weights.IMAGENET1K_V1"
+    assert (m.fpn_channels, m.head_convs, m.min_size_train, m.max_size_train) == (256, 4, [800], 1333)
+    default = load_params(REPO / "params.yaml").model
+    assert (default.backbone_weights, default.trainable_layers) == (None, 5)
+
+
+def test_backbone_weights_change_the_training_params():
+    a = load_params(REPO / "params.yaml")
+    b = params_from_dict(yaml.safe_load(compose_params(REPO, ["model.backbone_weights=IMAGENET1K_V1"])))
+    diff = {k for k, v in training_params(a).items() if training_params(b)[k] != v}
+    assert diff == {"model.backbone_weights"}
+
+
+def test_launch_section_for_several_nodes(raw_params):
+    raw = copy.deepcopy(raw_params)
+    raw["launch"].update(nodes=2, rdzv_endpoint="node0.example:29400")
+    p = params_from_dict(raw)
+    assert (p.launch.nodes, p.launch.rdzv_endpoint) == (2, "node0.example:29400")
+    assert not any(key.startswith("launch.") for key in training_params(p))  # not in the resume fingerprint
+    for endpoint in ("node0.example", "node0.example:0", ":29400"):
+        raw["launch"]["rdzv_endpoint"] = endpoint
+        with pytest.raises(ConfigError, match="launch.rdzv_endpoint: expected HOST:PORT"):
+            params_from_dict(raw)
+    raw["launch"]["rdzv_endpoint"] = "node0.example:29400"
+    raw["train"]["ims_per_batch"] = 6  # 2 nodes x 2 processes
+    with pytest.raises(ConfigError, match=r"train.ims_per_batch: expected a multiple of the number of processes "
+                                          r"\(launch.nodes x train.nproc = 4\), got 6"):
+        params_from_dict(raw)
+
+
+def test_sync_batchnorm_needs_trainable_batchnorm(raw_params):
+    raw = _broken(raw_params, "model.sync_batchnorm", True)
+    assert params_from_dict(raw).model.sync_batchnorm
+    raw["model"]["norm"] = "groupnorm"
+    with pytest.raises(ConfigError, match="model.sync_batchnorm: expected false with model.norm 'groupnorm'"):
+        params_from_dict(raw)

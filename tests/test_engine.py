@@ -33,9 +33,9 @@ def _batches(count: int) -> list[Batch]:
                   [{}, {}], [2 * i, 2 * i + 1]) for i in range(count)]
 
 
-def _setup(lr: float = 0.1):
+def _setup(lr: float = 0.1, model_type: type = TinyDetector):
     torch.manual_seed(0)
-    model = TinyDetector()
+    model = model_type()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = build_lr_scheduler(optimizer, schedule="cosine", max_iter=10, steps=[], gamma=0.1, warmup_iters=2,
                                    warmup_factor=0.1)
@@ -170,3 +170,49 @@ def test_metric_log_has_a_row_every_period_and_at_the_end(tmp_path):
     MetricLog(log, start_iter=3).close()  # a run resumed from iteration 3 drops what came after it
     with open(log, newline="") as f:
         assert [int(r["iteration"]) for r in csv.DictReader(f)] == [2]
+
+
+class Fp16TinyDetector(TinyDetector):
+    """Runs its forward pass under fp16 autocast, as the detector does (never the backward or the step)."""
+
+    def forward(self, images, image_sizes, targets):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return super().forward(images, image_sizes, targets)
+
+
+def _fp16_run(batches, folder=None, *, start: int = 0, max_iter: int = 8, resume: bool = False):
+    """fp16 autocast with a gradient scaler (on CPU, as on a GPU), from iteration ``start``."""
+    model, optimizer, scheduler = _setup(model_type=Fp16TinyDetector)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=2)
+    if resume:
+        assert _checkpointer(folder).resume(model=model, optimizer=optimizer, scheduler=scheduler,
+                                            scaler=scaler)[0] == start
+    try:
+        train(model, batches[start:], optimizer, scheduler, device=torch.device("cpu"), start_iter=start,
+              max_iter=max_iter, ims_per_batch=2, checkpoint_period=3, clip_grad_norm=1.0, scaler=scaler,
+              checkpointer=_checkpointer(folder) if folder and not resume else None)
+    except RuntimeError:  # the loader ended early: as if killed
+        pass
+    return model, scaler
+
+
+def test_fp16_steps_scale_the_loss_and_resume_with_the_scalers_state(tmp_path):
+    batches = _batches(8)
+    model, scaler = _fp16_run(batches)
+    assert scaler.get_scale() == 2.0**4 * 2**4  # grown every 2 finite steps: the scaler took part in each
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+
+    _fp16_run(batches[:5], tmp_path)  # killed after iteration 5; the newest checkpoint is at 3
+    state = checkpoint.load(tmp_path / "model_0000003.pth")
+    assert state["grad_scaler"]["scale"] == 2.0**4 * 2  # grown once, after iterations 1-2
+    model, scaler = _fp16_run(batches, tmp_path, start=3, resume=True)
+    assert scaler.get_scale() == 2.0**4 * 2**4
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted, model.parameters()))
+
+
+def test_a_disabled_scaler_is_neither_used_nor_saved(tmp_path):
+    model, optimizer, scheduler = _setup()
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    train(model, _batches(4), optimizer, scheduler, device=torch.device("cpu"), max_iter=4, ims_per_batch=2,
+          checkpoint_period=2, scaler=scaler, checkpointer=_checkpointer(tmp_path))
+    assert "grad_scaler" not in checkpoint.load(tmp_path / "model_0000002.pth")

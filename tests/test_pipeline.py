@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -316,18 +317,21 @@ def _interrupt_training(repo: Path, *, at: int, target: str, sig: int) -> tuple[
     log = repo / "outputs" / "train" / "checkpoints" / "train_log.csv"
     dvc = subprocess.Popen(["dvc", "repro"], cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
+    stale = log.stat().st_mtime_ns if log.is_file() else None  # a log this run has not written yet
     deadline, reached = time.monotonic() + 600, 0
     while time.monotonic() < deadline and dvc.poll() is None:
-        rows = log.read_text().splitlines()[1:] if log.is_file() else []
+        fresh = log.is_file() and log.stat().st_mtime_ns != stale
+        rows = log.read_text().splitlines()[1:] if fresh else []
         reached = int(rows[-1].split(",")[0]) if rows else 0
         if reached >= at:
-            break
+            processes = [pid for pid in _descendants(dvc.pid) if "stages.train" in _cmdline(pid)]
+            launcher = [pid for pid in processes if "pipelines.launch" in _cmdline(pid)]
+            workers = [pid for pid in processes if pid not in launcher]
+            if launcher and workers:
+                break
         time.sleep(0.05)
     else:
         pytest.fail(f"training did not reach iteration {at}: {dvc.communicate()[1][-2000:]}")
-    processes = [pid for pid in _descendants(dvc.pid) if "stages.train" in _cmdline(pid)]
-    launcher = [pid for pid in processes if "pipelines.launch" in _cmdline(pid)]
-    workers = [pid for pid in processes if pid not in launcher]
     if target == "worker":
         os.kill(random.Random(at).choice(workers), sig)
     else:  # the workers are held while the launcher gets the signal, so that it comes before training ends
@@ -380,6 +384,111 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     steps = [m.step for m in client.get_metric_history(latest.info.run_id, "train/loss")]
     assert sorted(steps) == [2, 4, 6, 8, 10]  # no step logged twice
     assert all(r.info.status in ("FINISHED", "FAILED", "KILLED") for r in _runs(repo)[1])
+
+    # With launch.max_restarts a killed worker costs nothing: the group restarts and resumes. The launch
+    # section is no stage's dependency: changing it re-runs nothing.
+    _set_param(repo, "launch", "max_restarts", 1)
+    assert _dvc_json(repo, "status") == {}
+    _set_param(repo, "train", "log_period", 5)  # a new run from iteration 0, the same weights
+    restarted, _ = _interrupt_training(repo, at=random.Random().randint(3, 6), target="worker", sig=signal.SIGKILL)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert "resuming from" in restarted.stderr and "error:" not in restarted.stderr
+    assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted
+    _set_param(repo, "launch", "max_restarts", 0)
+
+
+def _launch(repo: Path, params: dict, module_args: list[str], *, cores: set[int], store: Path) -> subprocess.Popen:
+    """``python -m pipelines.launch`` with ``params`` (written beside ``store``), pinned to ``cores``,
+    recording into the MLflow store ``store``."""
+    path = store.parent / f"params-{os.urandom(4).hex()}.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {**_env(), "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+    return subprocess.Popen([sys.executable, "-m", "pipelines.launch", "--params", str(path), *module_args], cwd=repo,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+
+
+def _finish(*processes: subprocess.Popen) -> None:
+    for process in processes:
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-3000:]
+
+
+def _train_args(out: Path) -> list[str]:
+    return ["stages.train", "--cache", "data/cache", "--out", str(out), "--train-log", str(out / "train_log.csv"),
+            "--preview", str(out / "preview.png")]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _readme_two_nodes() -> tuple[dict[str, str], list[tuple[int, list[str]]]]:
+    """README's "Two nodes on one machine" block: its compose overrides, and each launcher's core and
+    arguments after ``python -m pipelines.launch``."""
+    section = (REPO / "README.md").read_text().split("**Two nodes on one machine**", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    overrides, launchers = {}, []
+    for line in block.splitlines():
+        words = shlex.split(line.rstrip(" &"))
+        if words[:3] == ["python", "-m", "pipelines.compose"]:
+            overrides.update(word.split("=", 1) for word in words[3:])
+        elif words[:2] == ["taskset", "-c"] and words[3:6] == ["python", "-m", "pipelines.launch"]:
+            launchers.append((int(words[2]), words[6:]))
+    return overrides, launchers
+
+
+def test_two_nodes_of_one_process_train_the_weights_of_one_node_of_two(repo, tmp_path):
+    """README's two launchers on 127.0.0.1, one gloo process each, each pinned to one core, as each of one
+    node's two processes gets one of its two cores (here with the tiny params, a free port, other outputs)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    import torch
+
+    overrides, launchers = _readme_two_nodes()
+    assert overrides == {"launch.nodes": "2", "launch.rdzv_endpoint": "127.0.0.1:29400", "train.nproc": "1"}
+    assert [core for core, _ in launchers] == [0, 1] and launchers[0][1] == launchers[1][1]
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"].update(max_iter=4, nproc=2)
+    store = tmp_path / "mlflow.db"
+    _finish(_launch(repo, params, _train_args(tmp_path / "one"), cores=set(cores), store=store))
+
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        params[section][name] = yaml.safe_load(value)
+    params["launch"]["rdzv_endpoint"] = f"127.0.0.1:{_free_port()}"
+    args = [str(tmp_path / "two") if arg == "outputs/train" else arg.replace("outputs/train/", f"{tmp_path}/two/")
+            .replace("metrics/", f"{tmp_path}/two/") for arg in launchers[0][1]]
+    _finish(*[_launch(repo, params, args, cores={cores[core]}, store=store) for core, _ in launchers])
+
+    one, two = (torch.load(tmp_path / name / "model_final.pth", weights_only=True)["model"] for name in ("one", "two"))
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    assert (tmp_path / "two" / "train_log.csv").is_file() and (tmp_path / "two" / "augment_preview.png").is_file()
+
+
+def test_distributed_evaluation_gives_the_metrics_of_one_process(repo, tmp_path):
+    """One image per process per batch (padding depends on the batch): 1 and 2 processes score alike."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    store, metrics = tmp_path / "mlflow.db", {}
+    cores = set(os.sched_getaffinity(0))
+    for nproc in (1, 2):
+        params["train"]["nproc"], params["evaluate"]["ims_per_batch"] = nproc, nproc
+        out = tmp_path / str(nproc)
+        out.mkdir()
+        args = ["stages.evaluate", "--cache", "data/cache", "--prepared", "data/prepared", "--model",
+                "outputs/train/model_final.pth", "--train-run", "outputs/train/run.json", "--run-file",
+                str(out / "run.json"), "--metrics", str(out / "eval.json"), "--per-category",
+                str(out / "per_category.json"), "--run-ids", str(out / "run_ids.json"), "--plots",
+                str(out / "pr_curve.json"), "--detections", str(out / "detections.json")]
+        _finish(_launch(repo, params, args, cores=cores, store=store))
+        metrics[nproc] = [json.loads((out / name).read_text()) for name in ("eval.json", "per_category.json")]
+    assert metrics[1] == metrics[2]
+    assert metrics[1][0]["AP"] is not None
 
 
 def test_an_unreachable_tracking_store_does_not_stop_training_or_evaluation(repo):

@@ -1,0 +1,69 @@
+"""The GPU path: autocast precisions with the gradient scaler, pinned batches copied without blocking,
+and SyncBatchNorm over two NCCL processes. Skipped without CUDA (this project's CI machine has none;
+``benchmarks/gpu_smoke.sh`` runs the whole pipeline on a GPU)."""
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from pipelines import build, distributed
+from pipelines.config import load_params
+from pipelines.data.collate import Batch
+from pipelines.engine import train_step
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _batch(device: torch.device, images: int = 2) -> Batch:
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 255, (images, 3, 256, 320), dtype=torch.uint8, generator=generator).pin_memory()
+    targets = [{"boxes": torch.tensor([[20.0, 30.0, 120.0, 160.0], [150.0, 40.0, 300.0, 220.0]]),
+                "labels": torch.tensor([0, 2])} for _ in range(images)]
+    return Batch(pixels, [(256, 320)] * images, targets, list(range(images))).to(device, non_blocking=True)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_training_steps_on_the_gpu_in_each_precision(precision):
+    device = torch.device("cuda", 0)
+    p = load_params(REPO / "params.yaml")
+    p.model.precision = precision
+    torch.manual_seed(0)
+    model = build.detector(p, num_classes=5).to(device)
+    optimizer = build.optimizer(p, model)
+    scheduler = build.scheduler(p, optimizer)
+    scaler = build.grad_scaler(p, device)
+    assert scaler.is_enabled() == (precision == "fp16")
+    before = [x.detach().clone() for x in model.parameters()]
+    for _ in range(3):
+        losses = train_step(model, _batch(device), optimizer, scheduler, p.train.clip_grad_norm, scaler)
+        assert all(torch.isfinite(v) for v in losses.values())
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _sync_batchnorm_worker(rank: int, init_file: str, results) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    torch.cuda.set_device(rank)
+    torch.distributed.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    p = load_params(REPO / "params.yaml")
+    p.model.sync_batchnorm = True
+    device = torch.device("cuda", rank)
+    model = build.data_parallel(p, torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).to(device),
+                                device=device, world_size=2)
+    x = torch.full((2, 3, 8, 8), float(rank + 1), device=device)  # each process sees other data
+    model(x)
+    results[rank] = model.module[1].running_mean.cpu()
+    distributed.shutdown()
+
+
+def test_sync_batchnorm_shares_the_statistics_of_two_gpus():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    with tempfile.TemporaryDirectory() as folder, mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_sync_batchnorm_worker, args=(os.path.join(folder, "init"), results), nprocs=2)
+        assert torch.equal(results[0], results[1])  # one set of statistics over both processes' batches
