@@ -44,8 +44,8 @@ def test_prepare_imports_coco_and_reports_broken_input_in_one_line(base_params, 
     out, metrics = tmp_path / "prepared", tmp_path / "dataset.json"
     done = _run("stages.prepare", "--params", params, "--out", str(out), "--metrics", str(metrics), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    summary = json.loads(metrics.read_text())
-    assert summary["train"]["images"] == 33 and summary["val"]["crowd"] >= 1
+    counts = {row["item"]: row["count"] for row in json.loads(metrics.read_text())}
+    assert counts["train: images"] == 33 and counts["val: crowd"] >= 1
     manifest = json.loads((out / "dataset.json").read_text())
     assert manifest["splits"]["val"]["images"] == str(images)
     before = sorted(p.name for p in out.iterdir())
