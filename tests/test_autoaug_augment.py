@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipelines.data.annotation_cache import AnnotationCache, build_cache
 from pipelines.data.autoaug._cache import SampleCache
 from pipelines.data.autoaug._pixels import MEAN_PIXEL
 from pipelines.data.autoaug.augment import ScaleAwareAutoAugment
@@ -264,10 +265,67 @@ def test_sample_cache_is_an_lru_bounded_by_pixel_bytes():
     assert len(copy) == 0 and copy.max_bytes == 700
 
 
-def test_benchmark_reports_every_op_and_the_ratio():
-    from benchmarks.sa_autoaug import ORIGINAL_MEAN_MS, run
+def _zooming_out_dataset(cache, *, filler_cache_mb, seed=5):
+    """Training's path (stored image, resize, augmentation with fillers fetched by the dataset) with
+    zoom_out on every sample and strong box-level ops, so fillers are loaded for every sample."""
+    policy = decode_policy(STRONG)
+    policy = Policy(zoom_out=ZoomOp(1.0, 9), zoom_in=ZoomOp(0.0, 3), subpolicies=policy.subpolicies,
+                    area_ratios=policy.area_ratios, prob_ratios=policy.prob_ratios)
+    augment = ScaleAwareAutoAugment(policy, box_prob=1.0, max_iter=4, filler_cache_mb=filler_cache_mb)
+    transforms = Compose([ResizeShorterSide([160, 192], 256), augment])
+    return DetectionDataset(cache, transforms=transforms, seed=seed), augment
 
-    out = run(calls=3, op_calls=1)
-    assert set(out["ms"]) == {"full call", "zoom_in", "zoom_out", *COLOR_OPS, *GEO_OPS}
-    assert all(s["mean"] > 0 and s["median"] > 0 and s["p90"] > 0 for s in out["ms"].values())
-    assert out["ratio_to_reference"] == pytest.approx(out["ms"]["full call"]["mean"] / ORIGINAL_MEAN_MS)
+
+def _same_sample(a, b):
+    return (torch.equal(a[0], b[0]) and torch.equal(a[1]["boxes"], b[1]["boxes"])
+            and torch.equal(a[1]["labels"], b[1]["labels"]) and a[2] == b[2])
+
+
+def _check_fillers_cached_or_decoded_give_the_same_samples(cache):
+    cached, cached_augment = _zooming_out_dataset(cache, filler_cache_mb=64.0)
+    decoded, decoded_augment = _zooming_out_dataset(cache, filler_cache_mb=0)
+    keys = [(index, iteration) for iteration in (0, 2, 4) for index in range(len(cache))]
+    first = [cached[key] for key in keys]
+    assert cached_augment._fillers.hits > 0  # already during the first pass, with 3 fillers per sample
+    hits = cached_augment._fillers.hits
+    for key, sample in zip(keys, first):
+        assert _same_sample(sample, decoded[key])  # fillers decoded from their files every time
+        assert _same_sample(sample, cached[key])  # the same key again, now mostly from the cache
+    assert cached_augment._fillers.hits > hits and decoded_augment._fillers.hits == 0
+    # The fillers really are in the output: their boxes are added to the sample's own.
+    assert any(len(s[1]["boxes"]) > len(cache.annotations(s[2])[0]) for s in first)
+    assert len({s[0].numpy().tobytes() for s in first}) == len(first)  # every (index, iteration) differs
+
+
+def test_a_sample_is_the_same_whether_its_fillers_were_cached_or_decoded_from_files(tiny_cache):
+    _check_fillers_cached_or_decoded_give_the_same_samples(tiny_cache)
+
+
+def test_the_same_holds_for_real_coco_photos(coco_real, tmp_path):
+    # Real JPEGs, among them a greyscale one, decoded as training decodes them.
+    annotations, images = coco_real
+    build_cache(annotations, tmp_path / "cache", image_root=str(images), drop_empty=True)
+    _check_fillers_cached_or_decoded_give_the_same_samples(AnnotationCache(tmp_path / "cache"))
+
+
+def test_the_same_seed_gives_the_same_sample_twice(tiny_cache):
+    # Two datasets (as two workers or two runs would hold), each asked twice.
+    first, _ = _zooming_out_dataset(tiny_cache, filler_cache_mb=64.0)
+    second, _ = _zooming_out_dataset(tiny_cache, filler_cache_mb=64.0)
+    for key in [(0, 4), (3, 4), (5, 1), (0, 4)]:
+        sample = first[key]
+        assert _same_sample(sample, first[key]) and _same_sample(sample, second[key])
+    other_seed, _ = _zooming_out_dataset(tiny_cache, filler_cache_mb=64.0, seed=6)
+    assert not torch.equal(first[(0, 4)][0], other_seed[(0, 4)][0])
+
+
+def test_the_output_does_not_depend_on_the_input_memory_layout():
+    # Decoded images are stored interleaved ([H, W, 3] in memory), synthetic ones plane by plane.
+    augment = ScaleAwareAutoAugment(decode_policy(STRONG), box_prob=1.0, max_iter=MAX_ITER)
+    image, target = _sample()
+    interleaved = image.permute(1, 2, 0).contiguous().permute(2, 0, 1)
+    fillers = [(f.permute(1, 2, 0).contiguous().permute(2, 0, 1), t) for f, t in FILLERS]
+    for seed in range(40):
+        planar_out = augment(image, target, _ctx(seed))
+        assert _same(planar_out, augment(interleaved, target, _ctx(seed)))
+        assert _same(planar_out, augment(image, target, _ctx(seed, fetch=fillers.__getitem__)))

@@ -397,6 +397,30 @@ def test_zoom_ratio_tables():
     assert ZOOM_OUT_RATIOS[0] == pytest.approx(0.95) and len(ZOOM_OUT_RATIOS) == len(ZOOM_IN_RATIOS) == 10
 
 
+@pytest.mark.parametrize("size, new_size", [((100, 140), (50, 70)), ((101, 139), (50, 69)), ((60, 80), (72, 96)),
+                                            ((61, 83), (91, 124)), ((7, 5), (14, 10)), ((37, 29), (3, 2))])
+@pytest.mark.parametrize("layout", ["planar", "interleaved"])
+def test_zoom_resamples_by_nearest_neighbour_like_the_original(size, new_size, layout):
+    # The original resizes with F.interpolate(mode="nearest"); so does this, for either memory layout.
+    image = _image(*size, seed=14)
+    expected = F.interpolate(image[None], size=new_size, mode="nearest")[0]
+    if layout == "interleaved":  # as decoded images are stored
+        image = image.permute(1, 2, 0).contiguous().permute(2, 0, 1)
+    out = resize(image, new_size)
+    assert out.is_contiguous() and torch.equal(out, expected)
+
+
+def test_zoom_in_computes_the_crop_of_the_nearest_neighbour_enlargement():
+    image = _image(61, 83, seed=15)
+    target = _target([[10, 10, 50, 40]])
+    enlarged = F.interpolate(image[None], size=(91, 124), mode="nearest")[0]  # ratio 1.5
+    for seed in range(6):
+        out, _ = zoom_in(image, target, ratio=1.5, rng=np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+        top, left = int(rng.integers(0, 91 - 61)), int(rng.integers(0, 124 - 83))
+        assert torch.equal(out, enlarged[:, top:top + 61, left:left + 83])
+
+
 def _find_offset(enlarged, out):
     height, width = out.shape[-2:]
     for top in range(enlarged.shape[-2] - height + 1):

@@ -11,10 +11,11 @@ import yaml
 from benchmarks import annotations as annotations_benchmark
 from benchmarks import evaluation as evaluation_benchmark
 from benchmarks import loader as loader_benchmark
+from benchmarks import sa_autoaug as sa_autoaug_benchmark
 from benchmarks.coco_scale import COCO_CATEGORY_IDS, make_coco_scale, write_coco_scale
 from pipelines import build
 
-from .conftest import REPO
+from .conftest import COCO_REAL, REPO
 
 
 def test_generator_is_deterministic_and_shaped_like_coco(tmp_path):
@@ -141,3 +142,70 @@ def test_loader_benchmark_swaps_the_augment_preset(name):
 
     out, out_target = transforms(image, target, SampleContext(rng=np.random.default_rng(0)))
     assert min(out.shape[-2:]) == p.model.min_size_train[0] and len(out_target["boxes"]) == 1
+
+
+def test_train_step_benchmark_quick_run_reports_every_variant_and_goal(capsys):
+    from benchmarks import train_step as train_step_benchmark
+
+    train_step_benchmark.main(["--quick", "--json"])
+    figures = json.loads(capsys.readouterr().out)
+    quick = train_step_benchmark.QUICK
+    c = figures["config"]
+    assert c["processes"] == 2 and c["batch_per_process"] == 4 and c["iters"] == quick["iters"]
+    assert c["repeats"] == quick["repeats"] and len(c["load_average_before"]) == 3
+    start, first, last = c["window"]
+    assert first - start == quick["warmup"] and last - first == quick["iters"]
+    assert first < c["checkpoint_period"] < last  # the stage's checkpoint is in the timed window
+    variants = figures["variants"]
+    assert list(variants) == list(train_step_benchmark.DEFAULT_VARIANTS)
+    for name, v in variants.items():
+        assert v["images_per_s"] > 0 and len(v["runs_images_per_s"]) == quick["repeats"]
+    assert variants["bare_1x1"]["baseline"] is None and "ratio" not in variants["bare_1x1"]
+    assert variants["bare_1x1"]["other_process_waiting"]["wall_s"] > 0
+    assert variants["bare_2x1"]["baseline"] == "bare_1x1" and variants["bare_2x1"]["ratio"] > 0
+    stage = variants["stage"]
+    assert stage["baseline"] == "bare_2x1" and stage["ratio"] > 0 and stage["workers"] == 1
+    assert stage["log_calls"] >= 1 and stage["checkpoint_s"] > 0 and 0 < stage["tracking_fraction"] < 1
+    assert set(figures["goals"]) == {"stage_vs_bare", "scaling", "tracking_overhead"}
+    assert figures["goals"]["stage_vs_bare"]["value"] == stage["ratio"]
+    text = train_step_benchmark.table(figures)
+    assert text.count("\n| `") == 3 and "| `stage`: train stage" in text and "load average" in text
+    assert "(a) stage / bare 2x1" in text and "(b) bare 2x1 / bare 1x1" in text and "(c) MLflow" in text
+
+
+def test_train_step_benchmark_window_holds_a_checkpoint_and_whole_log_periods():
+    from benchmarks import train_step as train_step_benchmark
+
+    p = loader_benchmark.load_benchmark_params(REPO / "params.yaml")
+    start, first, last = train_step_benchmark.window(p, warmup=5, iters=60)
+    assert first - start == 5 and last - first == 60
+    assert first < p.train.checkpoint_period < last and first % p.train.log_period == 0
+
+
+def _sa_autoaug_figures(capsys, *args):
+    sa_autoaug_benchmark.main(["--quick", "--json", *args])
+    return json.loads(capsys.readouterr().out)
+
+
+def test_sa_autoaug_benchmark_times_the_full_call_on_every_input_and_each_op(capsys, coco_real, one_thread):
+    from pipelines.policy import COLOR_OPS, GEO_OPS
+
+    assert sa_autoaug_benchmark.COCO_REAL == COCO_REAL  # it finds the shared data where the tests do
+    figures = _sa_autoaug_figures(capsys)
+    b = sa_autoaug_benchmark
+    assert list(figures["full_call_ms"]) == [b.SYNTHETIC, b.PHOTOS, b.DECODED] and figures["skipped"] is None
+    assert set(figures["ops_ms"]) == {"zoom_in", "zoom_out", *COLOR_OPS, *GEO_OPS}
+    for s in [*figures["full_call_ms"].values(), *figures["ops_ms"].values()]:
+        assert 0 < s["median"] <= s["max"] and s["mean"] > 0
+    assert all(s["n"] == b.QUICK["calls"] for s in figures["full_call_ms"].values())
+    assert figures["threads"] == 1 and figures["inputs"][b.PHOTOS]["images"] == 32
+    assert set(figures["meets_goal"]) == set(figures["goal_mean_ms"]) == set(figures["full_call_ms"])
+    assert not any("ratio" in key for key in figures)  # absolute times only: no baseline is run
+    assert "COCO photos, fillers decoded" in b.table(figures)
+
+
+def test_sa_autoaug_benchmark_skips_the_coco_cases_without_the_shared_data(capsys, tmp_path, one_thread):
+    figures = _sa_autoaug_figures(capsys, "--coco-real", str(tmp_path / "absent"))
+    assert list(figures["full_call_ms"]) == [sa_autoaug_benchmark.SYNTHETIC]
+    assert str(tmp_path / "absent") in figures["skipped"]
+    assert figures["skipped"] in sa_autoaug_benchmark.table(figures)

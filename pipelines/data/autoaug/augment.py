@@ -15,7 +15,13 @@ same output in any worker or rank):
 
 zoom_out's three fillers are drawn among the split's samples and loaded through ``ctx.fetch`` via a
 per-process LRU cache of at most ``filler_cache_mb`` MB of decoded pixels (the original keeps up to
-1000 full images per worker, about 10 GB).
+1000 full images per worker, about 10 GB). The cache holds exactly what ``ctx.fetch`` returns, which
+zoom_out only reads, so the output never depends on what is cached.
+
+The input pixels may be stored interleaved (``[H, W, 3]`` in memory, as decoded and resized images
+are) or plane by plane; the output values do not depend on it. An output that an op changed is
+planar: the zoom ops write planes, and the box-level ops, about twice as fast on planes, convert an
+interleaved input once before they run.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from ._cache import SampleCache
 from .color import color_op_on_boxes
 from .geometric import geometric_op
 from .selection import select_boxes
+from ._pixels import planar
 from .zoom import zoom_in, zoom_in_ratio, zoom_out, zoom_out_ratio
 
 N_FILLERS = 3
@@ -73,14 +80,14 @@ class ScaleAwareAutoAugment:
             selected = select_boxes(boxes, ratios=self.policy.area_ratios, box_prob=self.box_prob,
                                     scale_splits=self.scale_splits, rng=rng)
             if selected.any():
-                image = color_op_on_boxes(sub.color.name, image, boxes[torch.from_numpy(selected)],
+                image = color_op_on_boxes(sub.color.name, planar(image), boxes[torch.from_numpy(selected)],
                                           level=sub.color.level, area_ratios=self.policy.area_ratios,
                                           scale_splits=self.scale_splits)
         if rng.random() < sub.geometric.prob * ramp:
             selected = select_boxes(boxes, ratios=self.policy.prob_ratios, box_prob=self.box_prob,
                                     scale_splits=self.scale_splits, rng=rng)
-            image, target = geometric_op(sub.geometric.name, image, target, level=sub.geometric.level,
-                                         selected=selected, rng=rng)
+            image, target = geometric_op(sub.geometric.name, planar(image) if selected.any() else image, target,
+                                         level=sub.geometric.level, selected=selected, rng=rng)
         return image, target
 
     def _zoom(self, image: torch.Tensor, target: dict, ctx: SampleContext) -> tuple[torch.Tensor, dict]:
