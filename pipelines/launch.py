@@ -103,6 +103,10 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
                 logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each process sets its own thread count
     os.environ[cli.LAUNCHED_ENV] = "1"  # processes leave the reporting to the launcher
+    # Each round of processes gets a store of its own (hosted by its rank 0): with the agent's store
+    # shared across rounds, the processes of a restarted group read the previous round's gloo
+    # addresses and fail to connect (torch 2.14; measured: every restart failed).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if nodes == 1:
         rdzv_endpoint, rdzv_id = "localhost:0", str(uuid.uuid4())
     config = LaunchConfig(min_nodes=nodes, max_nodes=nodes, nproc_per_node=nproc, run_id=rdzv_id,
