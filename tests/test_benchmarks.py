@@ -159,7 +159,8 @@ def test_train_step_benchmark_quick_run_reports_every_variant_and_goal(capsys):
     variants = figures["variants"]
     assert list(variants) == list(train_step_benchmark.DEFAULT_VARIANTS)
     for name, v in variants.items():
-        assert v["images_per_s"] > 0 and len(v["runs_images_per_s"]) == quick["repeats"]
+        assert v["images_per_s"] > 0 and v["best_images_per_s"] > 0 and len(v["runs"]) == quick["repeats"]
+        assert all(len(run["step_s"]) == quick["iters"] for run in v["runs"])
     assert variants["bare_1x1"]["baseline"] is None and "ratio" not in variants["bare_1x1"]
     assert variants["bare_1x1"]["other_process_waiting"]["wall_s"] > 0
     assert variants["bare_2x1"]["baseline"] == "bare_1x1" and variants["bare_2x1"]["ratio"] > 0
@@ -168,6 +169,7 @@ def test_train_step_benchmark_quick_run_reports_every_variant_and_goal(capsys):
     assert stage["log_calls"] >= 1 and stage["checkpoint_s"] > 0 and 0 < stage["tracking_fraction"] < 1
     assert set(figures["goals"]) == {"stage_vs_bare", "scaling", "tracking_overhead"}
     assert figures["goals"]["stage_vs_bare"]["value"] == stage["ratio"]
+    assert figures["goals"]["scaling"]["best"] == variants["bare_2x1"]["best_ratio"]
     text = train_step_benchmark.table(figures)
     assert text.count("\n| `") == 3 and "| `stage`: train stage" in text and "load average" in text
     assert "(a) stage / bare 2x1" in text and "(b) bare 2x1 / bare 1x1" in text and "(c) MLflow" in text
