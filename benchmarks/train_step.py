@@ -106,8 +106,8 @@ VARIANTS = {
     "stage_no_tracking": Variant("train stage without MLflow (inactive Tracker)", kind="stage", tracking=False),
     "stage_workers_0": Variant("train stage, loader in the training process (0 workers)", kind="stage", workers=0),
     "stage_workers_2": Variant("train stage, 2 loader workers per process", kind="stage", workers=2),
-    "no_allreduce_2x1": Variant("2 processes x 1 thread training alone (no DDP, no all-reduce)", ddp=False,
-                                baseline="bare_1x1"),
+    "no_allreduce_2x1": Variant("2 processes x 1 thread, each training alone (no DDP: no all-reduce; each "
+                                "iteration counted as the slower process's)", ddp=False, baseline="bare_1x1"),
     "ddp_defaults": Variant("DDP with torch's defaults", ddp={}),
     "ddp_no_forward_sync": Variant("DDP, forward_sync_buffers=False", ddp={"forward_sync_buffers": False}),
     "ddp_bucket_view": Variant("DDP, gradient_as_bucket_view=True", ddp={"gradient_as_bucket_view": True}),
@@ -309,9 +309,13 @@ def _measure(rank: int, job: dict, root: Path) -> dict:
                 figures = run_bare(p, variant, batches, num_classes, warmup)
             dist.barrier()
             waiting = distributed.gather_objects({"cpu_s": _cpu_s() - cpu, "wall_s": time.perf_counter() - wall})
+            steps = distributed.gather_objects(figures and figures["step_s"])
             if rank == 0:
                 if variant.world == 1:
                     figures["other_process_waiting"] = waiting[1]
+                if variant.ddp is False:  # not in lock step: count each iteration as the slower process's
+                    figures["step_s"] = [max(times) for times in zip(*steps)]
+                    figures["rank_step_s"] = steps
                 runs[name].append(figures)
                 _say(rank, f"repeat {repeat + 1}/{repeats}: {name} "
                            f"{statistics.mean(figures['step_s']):.3f} s per iteration")

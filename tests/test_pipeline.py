@@ -296,11 +296,18 @@ def _descendants(pid: int) -> list[int]:
     return children + [d for c in children for d in _descendants(c)]
 
 
-def _cmdline(pid: int) -> str:
+def _argv(pid: int) -> list[str]:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     except OSError:
-        return ""
+        return []
+
+
+def _runs_module(pid: int, module: str) -> bool:
+    """Whether ``pid`` is a Python process running ``-m module`` (not a shell that starts one: dash,
+    Debian's ``/bin/sh``, which DVC runs commands with when ``SHELL`` is unset, stays in between)."""
+    argv = _argv(pid)
+    return "-m" in argv and argv.index("-m") + 1 < len(argv) and argv[argv.index("-m") + 1] == module
 
 
 def _interrupt_training(repo: Path, *, at: int, target: str, sig: int) -> tuple[subprocess.CompletedProcess, int]:
@@ -319,9 +326,9 @@ def _interrupt_training(repo: Path, *, at: int, target: str, sig: int) -> tuple[
         rows = log.read_text().splitlines()[1:] if fresh else []
         reached = int(rows[-1].split(",")[0]) if rows else 0
         if reached >= at:
-            processes = [pid for pid in _descendants(dvc.pid) if "stages.train" in _cmdline(pid)]
-            launcher = [pid for pid in processes if "pipelines.launch" in _cmdline(pid)]
-            workers = [pid for pid in processes if pid not in launcher]
+            processes = _descendants(dvc.pid)
+            launcher = [pid for pid in processes if _runs_module(pid, "pipelines.launch")]
+            workers = [pid for pid in processes if _runs_module(pid, "stages.train")]
             if launcher and workers:
                 break
         time.sleep(0.05)
