@@ -57,7 +57,8 @@ def augmentation(p: Params):
     if a.name == "flip":
         return flip
     autoaug = ScaleAwareAutoAugment(policy(p), scale_splits=a.scale_splits, box_prob=a.box_prob,
-                                    max_iter=p.train.max_iter, filler_cache_mb=a.filler_cache_mb)
+                                    max_iter=p.train.max_iter, filler_cache_mb=a.filler_cache_mb,
+                                    filler_pool=a.filler_pool, filler_pool_iters=a.filler_pool_iters)
     return Compose([flip, autoaug])
 
 

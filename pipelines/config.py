@@ -97,6 +97,8 @@ class Augment:
     scale_splits: Optional[list[int]] = None  # box areas (pixels, resized image) between small/medium/large
     box_prob: Optional[float] = None
     filler_cache_mb: Optional[float] = None  # zoom_out filler images kept per loader process
+    filler_pool: Optional[int] = None  # zoom_out draws fillers among this many images of the split (0: all)
+    filler_pool_iters: Optional[int] = None  # iterations between changes of the filler pool
 
 
 @dataclass
@@ -344,13 +346,18 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
     a = p.augment
     require(0 <= a.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", a.hflip_prob)
     if a.name == "sa_autoaug":
-        for key in ("policy", "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb"):
+        for key in ("policy", "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb", "filler_pool",
+                    "filler_pool_iters"):
             if getattr(a, key) is None:
                 raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name=sa_autoaug)")
         require(len(a.scale_splits) == 3 and list(a.scale_splits) == sorted(set(a.scale_splits)) and a.scale_splits[0] > 0,
                 "augment.scale_splits", "three increasing positive areas", a.scale_splits)
         require(0 <= a.box_prob <= 1, "augment.box_prob", "a probability in [0, 1]", a.box_prob)
         require(a.filler_cache_mb >= 0, "augment.filler_cache_mb", "a size in MB >= 0", a.filler_cache_mb)
+        require(a.filler_pool >= 0, "augment.filler_pool", "a number of images >= 0 (0: the whole split)",
+                a.filler_pool)
+        require(a.filler_pool_iters >= 1, "augment.filler_pool_iters", "a number of iterations >= 1",
+                a.filler_pool_iters)
         try:
             decode_policy(a.policy, a.n_subpolicies)  # the one check of the genes; errors name their position
         except ConfigError as err:

@@ -265,13 +265,16 @@ def test_sample_cache_is_an_lru_bounded_by_pixel_bytes():
     assert len(copy) == 0 and copy.max_bytes == 700
 
 
-def _zooming_out_dataset(cache, *, filler_cache_mb, seed=5):
+def _always_zoom_out(policy: Policy) -> Policy:
+    return Policy(zoom_out=ZoomOp(1.0, 9), zoom_in=ZoomOp(0.0, 3), subpolicies=policy.subpolicies,
+                  area_ratios=policy.area_ratios, prob_ratios=policy.prob_ratios)
+
+
+def _zooming_out_dataset(cache, *, filler_cache_mb, seed=5, filler_pool=0):
     """Training's path (stored image, resize, augmentation with fillers fetched by the dataset) with
     zoom_out on every sample and strong box-level ops, so fillers are loaded for every sample."""
-    policy = decode_policy(STRONG)
-    policy = Policy(zoom_out=ZoomOp(1.0, 9), zoom_in=ZoomOp(0.0, 3), subpolicies=policy.subpolicies,
-                    area_ratios=policy.area_ratios, prob_ratios=policy.prob_ratios)
-    augment = ScaleAwareAutoAugment(policy, box_prob=1.0, max_iter=4, filler_cache_mb=filler_cache_mb)
+    augment = ScaleAwareAutoAugment(_always_zoom_out(decode_policy(STRONG)), box_prob=1.0, max_iter=4,
+                                    filler_cache_mb=filler_cache_mb, filler_pool=filler_pool, filler_pool_iters=2)
     transforms = Compose([ResizeShorterSide([160, 192], 256), augment])
     return DetectionDataset(cache, transforms=transforms, seed=seed), augment
 
@@ -281,9 +284,9 @@ def _same_sample(a, b):
             and torch.equal(a[1]["labels"], b[1]["labels"]) and a[2] == b[2])
 
 
-def _check_fillers_cached_or_decoded_give_the_same_samples(cache):
-    cached, cached_augment = _zooming_out_dataset(cache, filler_cache_mb=64.0)
-    decoded, decoded_augment = _zooming_out_dataset(cache, filler_cache_mb=0)
+def _check_fillers_cached_or_decoded_give_the_same_samples(cache, filler_pool=0):
+    cached, cached_augment = _zooming_out_dataset(cache, filler_cache_mb=64.0, filler_pool=filler_pool)
+    decoded, decoded_augment = _zooming_out_dataset(cache, filler_cache_mb=0, filler_pool=filler_pool)
     keys = [(index, iteration) for iteration in (0, 2, 4) for index in range(len(cache))]
     first = [cached[key] for key in keys]
     assert cached_augment._fillers.hits > 0  # already during the first pass, with 3 fillers per sample
@@ -297,8 +300,39 @@ def _check_fillers_cached_or_decoded_give_the_same_samples(cache):
     assert len({s[0].numpy().tobytes() for s in first}) == len(first)  # every (index, iteration) differs
 
 
-def test_a_sample_is_the_same_whether_its_fillers_were_cached_or_decoded_from_files(tiny_cache):
-    _check_fillers_cached_or_decoded_give_the_same_samples(tiny_cache)
+@pytest.mark.parametrize("filler_pool", [0, 4])
+def test_a_sample_is_the_same_whether_its_fillers_were_cached_or_decoded_from_files(tiny_cache, filler_pool):
+    _check_fillers_cached_or_decoded_give_the_same_samples(tiny_cache, filler_pool)
+
+
+def test_fillers_come_from_a_pool_shared_by_every_worker_that_changes_every_block():
+    """200 samples over 4 blocks of 5 iterations, in two augmenters (two workers, each with its own
+    cache, off here to see every draw): every filler of a block is one of its pool's 8 indices; both draw the same; each block's
+    pool differs; without a pool the same samples draw from all 1000 indices."""
+    from pipelines.data.autoaug.augment import filler_pool
+
+    policy = _always_zoom_out(decode_policy(PUBLISHED_POLICY))
+    image, target = _sample()
+
+    def fillers_drawn(pool: int, seed: int = 3) -> dict[int, list[int]]:
+        augment = ScaleAwareAutoAugment(policy, max_iter=20, filler_cache_mb=0, filler_pool=pool, filler_pool_iters=5)
+        drawn = {}
+        for iteration in range(20):
+            for index in range(10):
+                fetch = lambda i: (drawn.setdefault(iteration // 5, []).append(i), FILLERS[i % 5])[1]  # noqa: B023
+                augment(image, target, SampleContext(rng=np.random.default_rng((seed, iteration, index)),
+                                                     iteration=iteration, fetch=fetch, num_samples=1000, seed=seed))
+        return drawn
+
+    drawn = fillers_drawn(8)
+    assert drawn == fillers_drawn(8)  # another worker: the same fillers
+    for block, indices in drawn.items():
+        pool = filler_pool(3, block, 1000, 8)
+        assert len(pool) == 8 and set(indices) <= set(pool.tolist()) and len(indices) == 150  # 3 per sample
+    assert len({filler_pool(3, block, 1000, 8).tobytes() for block in range(4)}) == 4
+    assert filler_pool(4, 0, 1000, 8).tolist() != filler_pool(3, 0, 1000, 8).tolist()  # and with the seed
+    assert len({i for indices in fillers_drawn(0).values() for i in indices}) > 400
+    assert filler_pool(3, 0, 5, 8).tolist() == [0, 1, 2, 3, 4]  # a split smaller than the pool: all of it
 
 
 def test_the_same_holds_for_real_coco_photos(coco_real, tmp_path):

@@ -73,6 +73,8 @@ def _broken(raw: dict, dotted: str, value) -> dict:
         ("augment.scale_splits", [2048, 1024, 51200], "augment.scale_splits: expected three increasing positive areas"),
         ("augment.box_prob", 1.5, "augment.box_prob: expected a probability in [0, 1], got 1.5"),
         ("augment.filler_cache_mb", -1, "augment.filler_cache_mb: expected a size in MB >= 0, got -1"),
+        ("augment.filler_pool", -1, "augment.filler_pool: expected a number of images >= 0 (0: the whole split), got -1"),
+        ("augment.filler_pool_iters", 0, "augment.filler_pool_iters: expected a number of iterations >= 1, got 0"),
         ("augment.n_subpolicies", 0, "augment.n_subpolicies: expected a positive integer, got 0"),
         ("augment.policy", [10] + [0] * 39, "augment.policy[0]: expected an integer 0..9, got 10"),
         ("augment.policy", [0] * 39, "augment.policy: expected 40 genes for 5 sub-policies"),

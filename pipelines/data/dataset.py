@@ -52,7 +52,7 @@ class DetectionDataset(Dataset):
         image, target = self.load(index)
         orig_size = torch.tensor(image.shape[-2:])
         ctx = SampleContext(rng=np.random.default_rng((self.seed, iteration, index)), iteration=iteration,
-                            fetch=self.load, num_samples=len(self))
+                            fetch=self.load, num_samples=len(self), seed=self.seed)
         image, target = self.transforms(image, target, ctx)
         boxes = target["boxes"]
         valid = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])

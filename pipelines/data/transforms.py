@@ -35,12 +35,15 @@ class SampleContext:
         fetch: loads another sample of the same split by index, as stored (no transform), for
             augmentations that mix images; ``None`` when unavailable.
         num_samples: how many indices ``fetch`` accepts.
+        seed: the dataset's seed (what ``rng`` is seeded with besides the iteration and index), for
+            choices shared by the samples of an iteration, such as zoom_out's filler pool.
     """
 
     rng: np.random.Generator
     iteration: int = 0
     fetch: Callable[[int], tuple[torch.Tensor, Target]] | None = None
     num_samples: int = 0
+    seed: int = 0
 
 
 def resized_size(height: int, width: int, min_size: int, max_size: int) -> tuple[int, int]:

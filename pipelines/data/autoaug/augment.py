@@ -13,10 +13,15 @@ same output in any worker or rank):
    (``ctx.iteration``, from the sampler; the original estimates it from a per-worker counter that
    restarts on resume); when it fires, boxes are selected by scale (:mod:`.selection`).
 
-zoom_out's three fillers are drawn among the split's samples and loaded through ``ctx.fetch`` via a
-per-process LRU cache of at most ``filler_cache_mb`` MB of decoded pixels (the original keeps up to
-1000 full images per worker, about 10 GB). The cache holds exactly what ``ctx.fetch`` returns, which
-zoom_out only reads, so the output never depends on what is cached.
+zoom_out's three fillers are drawn from a pool of ``filler_pool`` samples of the split, which changes
+every ``filler_pool_iters`` iterations (:func:`filler_pool`: the same pool for every sample of those
+iterations, in any worker or rank), and loaded through ``ctx.fetch`` via a per-process LRU cache of at
+most ``filler_cache_mb`` MB of decoded pixels. Decoding a filler costs about as much as the whole
+augmentation of a sample, and at COCO scale a filler drawn from the whole split is almost never
+cached; drawn from the pool, each worker decodes a pool's images about once. (The original draws
+from a pool too: the last 1000 full images each worker loaded, about 10 GB, which depends on the
+worker.) The cache holds exactly what ``ctx.fetch`` returns, which zoom_out only reads, so the output
+never depends on what is cached.
 
 The input pixels may be stored interleaved (``[H, W, 3]`` in memory, as decoded and resized images
 are) or plane by plane; the output values do not depend on it. An output that an op changed is
@@ -26,8 +31,10 @@ interleaved input once before they run.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ...policy import Policy
@@ -42,6 +49,19 @@ from .zoom import zoom_in, zoom_in_ratio, zoom_out, zoom_out_ratio
 N_FILLERS = 3
 
 
+@functools.lru_cache(maxsize=4)
+def filler_pool(seed: int, block: int, num_samples: int, size: int) -> np.ndarray:
+    """The indices zoom_out draws fillers from in iterations ``block * filler_pool_iters ..`` of its
+    next block: ``size`` distinct indices of ``num_samples`` chosen by ``(seed, block)``, or all of
+    them when ``size`` is 0 or at least ``num_samples``. Cached and shared: read-only."""
+    if size == 0 or size >= num_samples:
+        pool = np.arange(num_samples)
+    else:
+        pool = np.sort(np.random.default_rng((seed, block, 0xF111E5)).choice(num_samples, size=size, replace=False))
+    pool.flags.writeable = False
+    return pool
+
+
 class ScaleAwareAutoAugment:
     """Scale-aware AutoAugment of one training sample (a transform of :mod:`pipelines.data.transforms`).
 
@@ -51,6 +71,8 @@ class ScaleAwareAutoAugment:
         box_prob: the base probability of selecting a box.
         max_iter: iteration at which box-level ops reach their full probability.
         filler_cache_mb: bound of the per-process cache of zoom_out filler images (0: no cache).
+        filler_pool: how many of the split's samples zoom_out draws its fillers from (0: all of them).
+        filler_pool_iters: iterations after which the filler pool changes.
 
     Call with ``(image uint8 [3, H, W], target, ctx)`` after resize and flip, before normalisation;
     returns a new ``(image, target)`` of the same size (the inputs are never modified in place).
@@ -58,12 +80,14 @@ class ScaleAwareAutoAugment:
     """
 
     def __init__(self, policy: Policy, *, scale_splits: Sequence[int] = (2048, 10240, 51200), box_prob: float = 0.3,
-                 max_iter: int, filler_cache_mb: float = 64.0):
+                 max_iter: int, filler_cache_mb: float = 64.0, filler_pool: int = 0, filler_pool_iters: int = 1):
         self.policy = policy
         self.scale_splits = tuple(scale_splits)
         self.box_prob = float(box_prob)
         self.max_iter = int(max_iter)
         self.filler_cache_mb = float(filler_cache_mb)
+        self.filler_pool = int(filler_pool)
+        self.filler_pool_iters = int(filler_pool_iters)
         self._fillers = SampleCache(int(self.filler_cache_mb * 2**20))
 
     def ramp(self, iteration: int) -> float:
@@ -103,10 +127,12 @@ class ScaleAwareAutoAugment:
     def _draw_fillers(self, ctx: SampleContext) -> list[tuple[torch.Tensor, dict]]:
         if ctx.fetch is None or ctx.num_samples < 1:
             return []
-        indices = ctx.rng.choice(ctx.num_samples, size=N_FILLERS, replace=ctx.num_samples < N_FILLERS)
-        return [self._fillers.get(int(i), ctx.fetch) for i in indices]
+        pool = filler_pool(ctx.seed, ctx.iteration // self.filler_pool_iters, ctx.num_samples, self.filler_pool)
+        picks = ctx.rng.choice(len(pool), size=N_FILLERS, replace=len(pool) < N_FILLERS)
+        return [self._fillers.get(int(pool[k]), ctx.fetch) for k in picks]
 
     def __repr__(self) -> str:
         policy = str(self.policy).replace("\n", "\n    ")
         return (f"ScaleAwareAutoAugment(scale_splits={list(self.scale_splits)}, box_prob={self.box_prob}, "
-                f"max_iter={self.max_iter}, filler_cache_mb={self.filler_cache_mb},\n    {policy})")
+                f"max_iter={self.max_iter}, filler_cache_mb={self.filler_cache_mb}, "
+                f"filler_pool={self.filler_pool}, filler_pool_iters={self.filler_pool_iters},\n    {policy})")
