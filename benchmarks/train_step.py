@@ -85,7 +85,8 @@ class Variant:
     runs it); ``world``: processes; ``ddp``: keyword arguments for DDP instead of
     :func:`build.data_parallel` (``None``: the pipeline's own wrapper; ``False``: no DDP, each process
     trains alone); ``hook``: a ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks`` name;
-    ``workers``: loader workers instead of ``loader.num_workers``; ``tracking``: log to MLflow.
+    ``workers``: loader workers instead of ``loader.num_workers``; ``tracking``: log to MLflow;
+    ``pin``: every thread of each process pinned to a core of its own (rank ``r`` to core ``r``).
     """
 
     label: str
@@ -96,6 +97,7 @@ class Variant:
     hook: str | None = None
     workers: int | None = None
     tracking: bool = True
+    pin: bool = False
 
 
 VARIANTS = {
@@ -108,6 +110,7 @@ VARIANTS = {
     "stage_workers_2": Variant("train stage, 2 loader workers per process", kind="stage", workers=2),
     "no_allreduce_2x1": Variant("2 processes x 1 thread, each training alone (no DDP: no all-reduce; each "
                                 "iteration counted as the slower process's)", ddp=False, baseline="bare_1x1"),
+    "ddp_pinned": Variant("DDP, each process's threads pinned to a core of its own", pin=True),
     "ddp_defaults": Variant("DDP with torch's defaults", ddp={}),
     "ddp_no_forward_sync": Variant("DDP, forward_sync_buffers=False", ddp={"forward_sync_buffers": False}),
     "ddp_bucket_view": Variant("DDP, gradient_as_bucket_view=True", ddp={"gradient_as_bucket_view": True}),
@@ -294,10 +297,12 @@ def _measure(rank: int, job: dict, root: Path) -> dict:
     run_bare(p, VARIANTS["bare_2x1"], batches, num_classes, warmup=0)
     names = job["variants"]
     runs: dict[str, list[dict]] = {name: [] for name in names}
+    cores = os.sched_getaffinity(0)
     for repeat in range(repeats):
         shift = repeat % len(names)
         for name in names[shift:] + names[:shift]:
             variant = VARIANTS[name]
+            _pin_threads({sorted(cores)[rank % len(cores)]} if variant.pin else cores)
             dist.barrier()
             cpu, wall = _cpu_s(), time.perf_counter()
             if variant.world == 1 and rank > 0:
@@ -320,6 +325,15 @@ def _measure(rank: int, job: dict, root: Path) -> dict:
                 _say(rank, f"repeat {repeat + 1}/{repeats}: {name} "
                            f"{statistics.mean(figures['step_s']):.3f} s per iteration")
     return {"runs": runs, "span": span, "images": {"1": counts[0], "2": sum(counts)} if rank == 0 else None}
+
+
+def _pin_threads(cores: set[int]) -> None:
+    """Every thread of this process (torch's, gloo's) allowed on ``cores`` only."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cores)
+        except ProcessLookupError:  # a thread that has ended
+            pass
 
 
 def _cpu_s() -> float:

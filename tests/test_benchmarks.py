@@ -204,7 +204,7 @@ def test_sa_autoaug_benchmark_times_the_full_call_on_every_input_and_each_op(cap
     assert set(figures["meets_goal"]) == {b.SYNTHETIC, b.PHOTOS, b.DECODED}  # no goal without the pool
     assert set(figures["goal_mean_ms"]) == set(figures["full_call_ms"])
     # The COCO-scale case runs as the default configuration trains: its pool, 8 images over 2 x 1 workers.
-    assert figures["training"] == {"filler_pool": 64, "filler_pool_iters": 200, "filler_cache_mb": 64,
+    assert figures["training"] == {"filler_pool": 512, "filler_pool_iters": 1000, "filler_cache_mb": 512,
                                    "samples_per_worker_iteration": 4}
     assert not any("ratio" in key for key in figures)  # absolute times only: no baseline is run
     assert "COCO photos, fillers decoded" in b.table(figures)

@@ -41,7 +41,7 @@ def test_sa_autoaug_preset_is_the_flip_then_the_policy_with_the_params_settings(
     assert autoaug.policy == decode_policy(a.policy, a.n_subpolicies) == build.policy(params)
     assert autoaug.scale_splits == tuple(a.scale_splits) and autoaug.box_prob == a.box_prob
     assert autoaug.max_iter == params.train.max_iter and autoaug.filler_cache_mb == a.filler_cache_mb
-    assert (autoaug.filler_pool, autoaug.filler_pool_iters) == (a.filler_pool, a.filler_pool_iters) == (64, 200)
+    assert (autoaug.filler_pool, autoaug.filler_pool_iters) == (a.filler_pool, a.filler_pool_iters) == (512, 1000)
 
 
 @pytest.mark.parametrize("preset", ["none", "flip"])
