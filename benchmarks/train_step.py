@@ -303,6 +303,7 @@ def _measure(rank: int, job: dict, root: Path) -> dict:
         for name in names[shift:] + names[:shift]:
             variant = VARIANTS[name]
             _pin_threads({sorted(cores)[rank % len(cores)]} if variant.pin else cores)
+            allowed = sorted(os.sched_getaffinity(0))
             dist.barrier()
             cpu, wall = _cpu_s(), time.perf_counter()
             if variant.world == 1 and rank > 0:
@@ -316,6 +317,7 @@ def _measure(rank: int, job: dict, root: Path) -> dict:
             waiting = distributed.gather_objects({"cpu_s": _cpu_s() - cpu, "wall_s": time.perf_counter() - wall})
             steps = distributed.gather_objects(figures and figures["step_s"])
             if rank == 0:
+                figures["cores"] = allowed  # rank 0's, while it ran
                 if variant.world == 1:
                     figures["other_process_waiting"] = waiting[1]
                 if variant.ddp is False:  # not in lock step: count each iteration as the slower process's

@@ -2,6 +2,7 @@
 
 import inspect
 import json
+import os
 
 import numpy as np
 import pytest
@@ -173,6 +174,24 @@ def test_train_step_benchmark_quick_run_reports_every_variant_and_goal(capsys):
     text = train_step_benchmark.table(figures)
     assert text.count("\n| `") == 3 and "| `stage`: train stage" in text and "load average" in text
     assert "(a) stage / bare 2x1" in text and "(b) bare 2x1 / bare 1x1" in text and "(c) MLflow" in text
+
+
+def test_train_step_benchmark_diagnostics_pin_threads_and_train_without_all_reduce(capsys):
+    """The variants the README's second table comes from: each process's threads pinned to a core of
+    its own, and two processes training alone (an iteration counted as the slower process's)."""
+    from benchmarks import train_step as train_step_benchmark
+
+    train_step_benchmark.main(["--quick", "--json", "--only", "bare_1x1", "ddp_pinned", "no_allreduce_2x1"])
+    variants = json.loads(capsys.readouterr().out)["variants"]
+    assert variants["ddp_pinned"]["baseline"] == "bare_2x1" and "ratio" not in variants["ddp_pinned"]  # not run
+    alone = variants["no_allreduce_2x1"]
+    assert alone["baseline"] == "bare_1x1" and alone["ratio"] > 0
+    for run in alone["runs"]:
+        ranks = run["rank_step_s"]
+        assert len(ranks) == 2 and run["step_s"] == [max(a, b) for a, b in zip(*ranks)]
+    cores = sorted(os.sched_getaffinity(0))
+    assert all(run["cores"] == cores[:1] for run in variants["ddp_pinned"]["runs"])  # rank 0 on the first core
+    assert all(run["cores"] == cores for name in ("bare_1x1", "no_allreduce_2x1") for run in variants[name]["runs"])
 
 
 def test_train_step_benchmark_window_holds_a_checkpoint_and_whole_log_periods():
