@@ -79,6 +79,14 @@ def load_benchmark_params(path: str | Path, *, augment: str | None = None) -> Pa
     return params_from_dict(raw, source=str(path))
 
 
+def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--params``, ``--augment`` and ``--images``: what :func:`load_benchmark_params` and
+    :func:`make_dataset` take, shared by the benchmarks that train on the synthetic images."""
+    parser.add_argument("--params", default=str(REPO / "params.yaml"))
+    parser.add_argument("--augment", help="use conf/augment/NAME.yaml instead of the params' augment section")
+    parser.add_argument("--images", type=int, default=128, help="synthetic training images to generate")
+
+
 def make_dataset(p: Params, root: Path, *, images: int) -> DetectionDataset:
     """Generate ``images`` synthetic training images under ``root``, cache them, wrap them as the train stage does."""
     d = p.dataset
@@ -225,9 +233,7 @@ def table(f: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", default=str(REPO / "params.yaml"))
-    parser.add_argument("--augment", help="use conf/augment/NAME.yaml instead of the params' augment section")
-    parser.add_argument("--images", type=int, default=128, help="synthetic training images to generate")
+    add_dataset_arguments(parser)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="loader worker counts to measure")
     parser.add_argument("--batches", type=int, default=50, help="timed batches per loader run")
     parser.add_argument("--warmup", type=int, default=5, help="batches before timing starts (at least 1)")

@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks.loader import REPO, load_benchmark_params, make_dataset
+from benchmarks.loader import add_dataset_arguments, load_benchmark_params, make_dataset
 from pipelines import build, distributed
 from pipelines.checkpoint import Checkpointer
 from pipelines.config import Params, to_flat_dict
@@ -481,9 +481,7 @@ def table(f: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", default=str(REPO / "params.yaml"))
-    parser.add_argument("--augment", help="use conf/augment/NAME.yaml instead of the params' augment section")
-    parser.add_argument("--images", type=int, default=128, help="synthetic training images to generate")
+    add_dataset_arguments(parser)
     parser.add_argument("--warmup", type=int, default=5, help="iterations of each variant before timing")
     parser.add_argument("--iters", type=int, default=60, help="timed iterations of each variant")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant")

@@ -51,9 +51,9 @@ N_FILLERS = 3
 
 @functools.lru_cache(maxsize=4)
 def filler_pool(seed: int, block: int, num_samples: int, size: int) -> np.ndarray:
-    """The indices zoom_out draws fillers from in iterations ``block * filler_pool_iters ..`` of its
-    next block: ``size`` distinct indices of ``num_samples`` chosen by ``(seed, block)``, or all of
-    them when ``size`` is 0 or at least ``num_samples``. Cached and shared: read-only."""
+    """The indices zoom_out draws fillers from in block ``block`` of ``filler_pool_iters`` iterations:
+    ``size`` distinct indices of ``num_samples`` chosen by ``(seed, block)``, or all of them when
+    ``size`` is 0 or at least ``num_samples``. Cached and shared: read-only."""
     if size == 0 or size >= num_samples:
         pool = np.arange(num_samples)
     else:
