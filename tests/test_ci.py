@@ -57,3 +57,21 @@ def test_ci_entry_point_runs_the_tests_then_the_pipeline_check():
     lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     assert "set -euo pipefail" in lines
     assert lines.index("make test") < lines.index(".venv/bin/python .ci/pipeline_check.py")
+
+
+def test_ci_entry_point_stops_at_once_with_one_line_when_the_disk_is_nearly_full(tmp_path):
+    """CI once failed half-way through pip ("No space left on device"): .ci/run now checks first."""
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    shutil.copy(REPO / ".ci" / "run", repo / ".ci" / "run")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    df = fake / "df"  # 2 GB free, in df -Pk's format
+    df.write_text("#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+                  "echo '/dev/vda 264241152 262144000 2097152 99% /'\n")
+    df.chmod(0o755)
+    done = subprocess.run(["bash", str(repo / ".ci" / "run")], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == f"error: .ci/run needs about 9 GB free in {repo}, and 2 GB are free"
+    assert not (repo / ".venv").exists() and not done.stdout
