@@ -111,7 +111,7 @@ VARIANTS = {
     "no_allreduce_2x1": Variant("2 processes x 1 thread, each training alone (no DDP: no all-reduce; each "
                                 "iteration counted as the slower process's)", ddp=False, baseline="bare_1x1"),
     "ddp_pinned": Variant("DDP, each process's threads pinned to a core of its own", pin=True),
-    "ddp_defaults": Variant("DDP with torch's defaults (gloo's all-reduce)", ddp={}),
+    "ddp_defaults": Variant("DDP with torch's defaults", ddp={}),
     "ddp_no_forward_sync": Variant("DDP, forward_sync_buffers=False", ddp={"forward_sync_buffers": False}),
     "ddp_bucket_view": Variant("DDP, gradient_as_bucket_view=True", ddp={"gradient_as_bucket_view": True}),
     "ddp_batched_grad_copy": Variant("DDP, batched_grad_copy=True", ddp={"batched_grad_copy": True}),

@@ -7,8 +7,6 @@ params to arguments. Stages and benchmarks build through here.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from .config import Params
@@ -19,8 +17,6 @@ from .errors import ConfigError
 from .model import Detector, build_detector
 from .policy import Policy, decode_policy
 from .solver import build_lr_scheduler, build_optimizer
-
-log = logging.getLogger(__name__)
 
 
 def detector(p: Params, *, num_classes: int, pretrained: bool = True) -> Detector:
@@ -118,14 +114,10 @@ def grad_scaler(p: Params, device: torch.device) -> torch.amp.GradScaler:
 
 def data_parallel(p: Params, model: torch.nn.Module, *, device: torch.device, world_size: int) -> torch.nn.Module:
     """``model`` as the training loop runs it: in one process as it is; in several, its BatchNorm layers
-    made ``SyncBatchNorm`` if ``model.sync_batchnorm`` (GPUs only), then wrapped in DDP, whose gradients
-    are summed as ``train.allreduce`` says: on CPU, ``auto`` and ``shared_memory`` sum through shared
-    memory (:mod:`pipelines.shm_allreduce`), where ``auto`` falls back to the backend's all-reduce (with a
-    warning) when the processes are not all on one machine.
+    made ``SyncBatchNorm`` if ``model.sync_batchnorm`` (GPUs only), then wrapped in DDP.
 
     Raises:
-        ConfigError: ``model.sync_batchnorm`` or ``train.allreduce: shared_memory`` on GPUs, or
-            ``shared_memory`` where the processes cannot share memory.
+        ConfigError: ``model.sync_batchnorm`` on CPU.
     """
     if world_size == 1:
         return model
@@ -134,21 +126,6 @@ def data_parallel(p: Params, model: torch.nn.Module, *, device: torch.device, wo
             raise ConfigError("model.sync_batchnorm: SyncBatchNorm runs on GPUs only; this run is on "
                               f"{device.type} (set it to false)")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    allreduce = p.train.allreduce
-    if allreduce == "shared_memory" and device.type == "cuda":
-        raise ConfigError("train.allreduce: shared_memory sums on the CPU; this run is on GPUs "
-                          "(set auto or backend: NCCL's all-reduce)")
     from torch.nn.parallel import DistributedDataParallel
 
-    wrapped = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-    if allreduce != "backend" and device.type == "cpu":
-        from . import shm_allreduce
-
-        try:
-            wrapped.register_comm_hook(shm_allreduce.SharedMemoryAllReduce(), shm_allreduce.ddp_hook)
-        except shm_allreduce.SharedMemoryUnavailable as e:
-            if allreduce == "shared_memory":
-                raise ConfigError(f"train.allreduce: shared_memory: {e} (set auto or backend)") from None
-            if torch.distributed.get_rank() == 0:
-                log.warning("train.allreduce: auto: %s; gradients go through the backend's all-reduce", e)
-    return wrapped
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)

@@ -127,7 +127,6 @@ class Train:
     log_period: int = MISSING
     checkpoint_period: int = MISSING
     keep_checkpoints: int = MISSING  # newest checkpoints kept in outputs/train/checkpoints
-    allreduce: str = MISSING  # auto | backend | shared_memory: how DDP sums gradients (pipelines.build.data_parallel)
 
 
 @dataclass
@@ -177,7 +176,6 @@ CHOICES = {
     "augment.name": ("none", "flip", "sa_autoaug"),
     "train.optimizer": ("sgd", "adamw"),
     "train.lr_schedule": ("multistep", "cosine"),
-    "train.allreduce": ("auto", "backend", "shared_memory"),
     "evaluate.backend": ("pycocotools", "faster_coco_eval"),  # pipelines.evaluation.BACKENDS
 }
 
