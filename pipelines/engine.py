@@ -153,7 +153,9 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
         window_iters += 1
         bad = [k for k, v in reduced.items() if not math.isfinite(v)]
         if bad:
-            kept = f"the last checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was written"
+            kept = (f"the last checkpoint is {last_checkpoint}" if last_checkpoint
+                    else f"the checkpoint of iteration {start_iter} it resumed from is kept" if start_iter
+                    else "no checkpoint was written")
             raise TrainingError(f"iteration {iteration}: loss {bad[0]} is {reduced[bad[0]]} (not finite); training "
                                 f"stopped, {kept} (lower train.base_lr or raise train.warmup_iters)")
 

@@ -137,6 +137,13 @@ def test_a_non_finite_loss_stops_training_naming_iteration_and_component(tmp_pat
     assert not list(tmp_path.iterdir())  # no checkpoint of a diverged model
 
 
+def test_a_non_finite_loss_after_a_resume_names_the_checkpoint_it_resumed_from(tmp_path):
+    model, optimizer, scheduler = _setup(lr=1e30)
+    with pytest.raises(TrainingError, match=r"training stopped, the checkpoint of iteration 4 it resumed from is kept"):
+        train(model, _batches(6), optimizer, scheduler, device=torch.device("cpu"), start_iter=4, max_iter=10,
+              ims_per_batch=2, checkpoint_period=100, checkpointer=_checkpointer(tmp_path))
+
+
 def test_a_stop_request_checkpoints_the_next_iteration_and_stops(tmp_path):
     model, optimizer, scheduler = _setup()
     stop = StopRequest()

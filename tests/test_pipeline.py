@@ -305,25 +305,26 @@ def _runs_module(pid: int, module: str) -> bool:
     return "-m" in argv and argv.index("-m") + 1 < len(argv) and argv[argv.index("-m") + 1] == module
 
 
-def _kill_a_worker(repo: Path, *, at: int) -> tuple[subprocess.CompletedProcess, int]:
+def _signal_training(repo: Path, *, at: int, launcher: bool = False) -> tuple[subprocess.CompletedProcess, int]:
     """Start ``dvc repro``; once the training log has a row for iteration ``at`` or later, SIGKILL one of
-    the training processes the test started (found by pid among its descendants). Returns the finished
-    ``dvc repro`` and the iteration the log had reached."""
+    the training processes the test started, or with ``launcher`` SIGTERM the launcher (each found by
+    pid among its descendants). Returns the finished ``dvc repro`` and the iteration the log had reached."""
     log = repo / "outputs" / "train" / "checkpoints" / "train_log.csv"
     dvc = subprocess.Popen(["dvc", "repro"], cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     stale = log.stat().st_mtime_ns if log.is_file() else None  # a log this run has not written yet
+    module = "pipelines.launch" if launcher else "stages.train"
     deadline, reached = time.monotonic() + 600, 0
     while time.monotonic() < deadline and dvc.poll() is None:
         fresh = log.is_file() and log.stat().st_mtime_ns != stale
         rows = log.read_text().splitlines()[1:] if fresh else []
         reached = int(rows[-1].split(",")[0]) if rows else 0
-        if reached >= at and (workers := [pid for pid in _descendants(dvc.pid) if _runs_module(pid, "stages.train")]):
+        if reached >= at and (targets := [pid for pid in _descendants(dvc.pid) if _runs_module(pid, module)]):
             break
         time.sleep(0.05)
     else:
         pytest.fail(f"training did not reach iteration {at}: {dvc.communicate()[1][-2000:]}")
-    os.kill(random.Random(at).choice(workers), signal.SIGKILL)
+    os.kill(random.Random(at).choice(targets), signal.SIGTERM if launcher else signal.SIGKILL)
     stdout, stderr = dvc.communicate(timeout=600)
     return subprocess.CompletedProcess(dvc.args, dvc.returncode, stdout, stderr), reached
 
@@ -332,10 +333,11 @@ def _weights(repo: Path) -> bytes:
     return (repo / "outputs" / "train" / "model_final.pth").read_bytes()
 
 
-def test_killed_training_resumes_to_the_same_weights_bit_for_bit(repo):
-    """A worker killed: one line, the earlier model kept; the next run resumes. With launch.max_restarts,
-    a worker killed costs nothing: the group restarts, resumes, and the stage succeeds. (A stop signal
-    is the launcher's tests' and the engine's: one line, and a checkpoint at the next iteration.)"""
+def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo):
+    """A worker killed: one line, the earlier model kept; the next run resumes. SIGTERM to the launcher
+    (a preemption): one line, a checkpoint at the next iteration, the MLflow run KILLED; the next run
+    resumes from that checkpoint. With launch.max_restarts, a worker killed costs nothing: the group
+    restarts, resumes, and the stage succeeds. The final model is the uninterrupted run's, bit for bit."""
     _set_param(repo, "train", "max_iter", 12)
     _set_param(repo, "train", "checkpoint_period", 2)
     assert {"train", "evaluate"} <= _repro(repo)
@@ -344,21 +346,30 @@ def test_killed_training_resumes_to_the_same_weights_bit_for_bit(repo):
     count = len(runs)
 
     _set_param(repo, "train", "log_period", 2)  # a new run (other params): it starts from iteration 0
-    killed, reached = _kill_a_worker(repo, at=random.Random().randint(3, 5))
+    killed, reached = _signal_training(repo, at=random.Random().randint(2, 3))
     assert killed.returncode != 0
     errors = [line for line in killed.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "was killed by SIGKILL" in errors[0], killed.stderr[-3000:]
     assert "ChildFailedError" not in killed.stderr
     assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted  # the earlier model is still there
 
+    stopped, reached = _signal_training(repo, at=reached + 2, launcher=True)
+    assert stopped.returncode != 0 and stopped.stderr.count("resuming from") == 1
+    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: stopped by SIGTERM"], stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "ChildFailedError" not in stopped.stderr
+    assert max(_runs(repo, "train")[1], key=lambda r: r.info.start_time).info.status == "KILLED"
+
     _set_param(repo, "launch", "max_restarts", 1)
-    resumed, _ = _kill_a_worker(repo, at=reached + 3)
+    resumed, _ = _signal_training(repo, at=reached + 2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stderr.count("resuming from") == 2 and "error:" not in resumed.stderr
+    first = int(re.search(r"resuming from .* \(iteration (\d+)\)", resumed.stderr).group(1))
+    assert first >= reached  # the stop's own checkpoint, at or after the iteration the log had reached
     assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted
 
     client, runs = _runs(repo, "train")
-    assert len(runs) == count + 1  # the killed, resumed and restarted run is one MLflow run
+    assert len(runs) == count + 1  # the killed, stopped, resumed and restarted run is one MLflow run
     latest = max(runs, key=lambda r: r.info.start_time)
     assert latest.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(latest.info.run_id, "train/loss")]
