@@ -346,7 +346,7 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     count = len(runs)
 
     _set_param(repo, "train", "log_period", 2)  # a new run (other params): it starts from iteration 0
-    killed, reached = _signal_training(repo, at=random.Random().randint(2, 3))
+    killed, reached = _signal_training(repo, at=random.Random().randint(3, 4))  # after checkpoint 2
     assert killed.returncode != 0
     errors = [line for line in killed.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "was killed by SIGKILL" in errors[0], killed.stderr[-3000:]
@@ -361,6 +361,7 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     assert max(_runs(repo, "train")[1], key=lambda r: r.info.start_time).info.status == "KILLED"
 
     _set_param(repo, "launch", "max_restarts", 1)
+    _set_param(repo, "tracking", "log_checkpoints", True)  # not in the fingerprint: the run resumes
     resumed, _ = _signal_training(repo, at=reached + 2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stderr.count("resuming from") == 2 and "error:" not in resumed.stderr
@@ -374,6 +375,9 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     assert latest.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(latest.info.run_id, "train/loss")]
     assert sorted(steps) == [2, 4, 6, 8, 10, 12]  # no step logged twice
+    kept = sorted(p.name for p in (repo / "outputs" / "train" / "checkpoints").glob("model_*.pth"))
+    logged = [a.path for a in client.list_artifacts(latest.info.run_id, "checkpoints")]
+    assert len(kept) == 2 and logged == [f"checkpoints/{name}" for name in kept]  # train.keep_checkpoints
     assert all(r.info.status in ("FINISHED", "FAILED", "KILLED") for r in _runs(repo)[1])
     _set_param(repo, "launch", "max_restarts", 0)
     assert _dvc_json(repo, "status") == {}  # the launch section is no stage's dependency

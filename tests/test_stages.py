@@ -106,6 +106,20 @@ def test_cache_stage_rebuilds_a_corrupt_cache(base_params, tmp_path):
     labels = bytearray((cache / "val" / "labels.npy").read_bytes())
     labels[-1] ^= 0xFF
     (cache / "val" / "labels.npy").write_bytes(bytes(labels))
+    # Train and evaluate verify the cache whenever they open it, however they are started.
+    train_labels = bytearray((cache / "train" / "labels.npy").read_bytes())
+    train_labels[-1] ^= 0xFF
+    (cache / "train" / "labels.npy").write_bytes(bytes(train_labels))
+    (tmp_path / "r.json").write_text('{"run_id": null}')  # a train stage that ran without tracking
+    for stage, args in (("stages.train", ["--out", "t", "--train-log", "t.csv", "--preview", "t.png"]),
+                        ("stages.evaluate", ["--prepared", "prepared", "--model", "m.pth", "--train-run", "r.json",
+                                             "--run-file", "e.json", "--metrics", "e1.json", "--per-category",
+                                             "e2.json", "--run-ids", "e3.json", "--plots", "e4.json",
+                                             "--detections", "e5.json"])):
+        done = _run(stage, "--params", path, "--cache", str(cache), *args, cwd=tmp_path)
+        split = "train" if stage == "stages.train" else "val"
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith(f"error: {cache / split / 'labels.npy'}: content does")
     meta = json.loads((cache / "train" / "meta.json").read_text())
     meta["format_version"] = 1
     (cache / "train" / "meta.json").write_text(json.dumps(meta))
