@@ -243,8 +243,7 @@ def run_stage(p: Params, variant: Variant, dataset, *, rank: int, span: tuple[in
         sys.stderr = open(root / f"progress_{tag}.txt", "w")
     try:
         train(model, loader, optimizer, scheduler, device=torch.device("cpu"), max_iter=last, start_iter=start,
-              ims_per_batch=t.ims_per_batch, log_period=t.log_period, checkpoint_period=t.checkpoint_period,
-              checkpointer=checkpointer, clip_grad_norm=t.clip_grad_norm, scaler=scaler, tracker=tracker,
+              **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, tracker=tracker,
               metric_log=MetricLog(root / "logs" / f"{tag}.csv"), stop=StopRequest())
     finally:
         if rank == 0:

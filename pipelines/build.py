@@ -112,6 +112,14 @@ def grad_scaler(p: Params, device: torch.device) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=p.model.precision == "fp16")
 
 
+def loop_settings(p: Params) -> dict:
+    """The keyword arguments of :func:`pipelines.engine.train` that params set (the caller adds the
+    iteration range and what it runs with: loader, checkpointer, tracker, log, stop)."""
+    t = p.train
+    return {"ims_per_batch": t.ims_per_batch, "log_period": t.log_period, "checkpoint_period": t.checkpoint_period,
+            "clip_grad_norm": t.clip_grad_norm}
+
+
 def data_parallel(p: Params, model: torch.nn.Module, *, device: torch.device, world_size: int) -> torch.nn.Module:
     """``model`` as the training loop runs it: in one process as it is; in several, its BatchNorm layers
     made ``SyncBatchNorm`` if ``model.sync_batchnorm`` (GPUs only), then wrapped in DDP.

@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> None:
             tracker.log_artifact(preview, "preview")
     try:
         train(model, loader, optimizer, scheduler, device=device, max_iter=t.max_iter, start_iter=start_iter,
-              ims_per_batch=t.ims_per_batch, log_period=t.log_period, checkpoint_period=t.checkpoint_period,
-              checkpointer=checkpointer, clip_grad_norm=t.clip_grad_norm, scaler=scaler, tracker=tracker,
+              **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, tracker=tracker,
               tracked_until=tracked_until, metric_log=MetricLog(train_log, start_iter=start_iter), stop=stop)
     except Stopped:
         tracker.finish("KILLED")

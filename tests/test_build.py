@@ -232,3 +232,15 @@ def test_one_process_trains_the_model_itself_and_sync_batchnorm_needs_a_gpu(para
 def test_the_gradient_scaler_is_on_for_fp16_only(params):
     for precision, enabled in (("fp16", True), ("bf16", False), ("fp32", False)):
         assert build.grad_scaler(_with(params, "model", precision=precision), torch.device("cpu")).is_enabled() == enabled
+
+
+def test_loop_settings_are_the_train_sections_keyword_arguments_of_the_loop(params):
+    import inspect
+
+    from pipelines.engine import train
+
+    settings = build.loop_settings(params)
+    assert set(settings) <= set(inspect.signature(train).parameters)
+    assert settings == {"ims_per_batch": params.train.ims_per_batch, "log_period": params.train.log_period,
+                        "checkpoint_period": params.train.checkpoint_period,
+                        "clip_grad_norm": params.train.clip_grad_norm}
