@@ -346,14 +346,14 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     count = len(runs)
 
     _set_param(repo, "train", "log_period", 2)  # a new run (other params): it starts from iteration 0
-    killed, reached = _signal_training(repo, at=random.Random().randint(3, 4))  # after checkpoint 2
+    killed, killed_at = _signal_training(repo, at=random.Random().randint(3, 4))  # after checkpoint 2
     assert killed.returncode != 0
     errors = [line for line in killed.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "was killed by SIGKILL" in errors[0], killed.stderr[-3000:]
     assert "ChildFailedError" not in killed.stderr
     assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted  # the earlier model is still there
 
-    stopped, reached = _signal_training(repo, at=reached + 2, launcher=True)
+    stopped, reached = _signal_training(repo, at=killed_at + 2, launcher=True)
     assert stopped.returncode != 0 and stopped.stderr.count("resuming from") == 1
     errors = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: stopped by SIGTERM"], stopped.stderr[-3000:]
@@ -368,6 +368,7 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     first = int(re.search(r"resuming from .* \(iteration (\d+)\)", resumed.stderr).group(1))
     assert first >= reached  # the stop's own checkpoint, at or after the iteration the log had reached
     assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted
+    print(f"killed at {killed_at}, stopped at {reached}, resumed from {first}; sha256 {uninterrupted}")
 
     client, runs = _runs(repo, "train")
     assert len(runs) == count + 1  # the killed, stopped, resumed and restarted run is one MLflow run
