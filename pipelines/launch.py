@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import uuid
 
 from . import cli
@@ -93,6 +94,7 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
     agent on the machine that has that address) under ``rdzv_id``. ``max_restarts`` > 0 restarts the
     whole group after a failure (a stage then resumes from its newest checkpoint)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -109,22 +111,26 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if nodes == 1:
         rdzv_endpoint, rdzv_id = "localhost:0", str(uuid.uuid4())
-    config = LaunchConfig(min_nodes=nodes, max_nodes=nodes, nproc_per_node=nproc, run_id=rdzv_id,
-                          rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
-    try:
-        elastic_launch(config, sys.executable)("-u", "-m", module, *args)
-    except ChildFailedError as err:
-        if debug:
-            raise
-        rank, failure = root_cause(err.failures)
-        _close_run(run_file, "KILLED" if failure.exitcode < 0 else "FAILED")
-        print(f"\nerror: {describe(rank, failure)}", file=sys.stderr)  # on its own line, after any progress bar
-        return 2
-    except (SignalException, _Signalled) as err:
-        _ignore_stop_signals()  # a second signal must not cut the report short
-        _close_run(run_file, "KILLED")
-        print(f"\nerror: stopped by {signal.Signals(err.sigval).name}", file=sys.stderr)
-        return 128 + int(err.sigval)
+    # The agent keeps the processes' error files in a folder of its own (torchelastic_* in the
+    # temporary folder) that it never removes: give it one that goes when the launch ends.
+    with tempfile.TemporaryDirectory(prefix="torchelastic_", ignore_cleanup_errors=True) as logs:
+        config = LaunchConfig(min_nodes=nodes, max_nodes=nodes, nproc_per_node=nproc, run_id=rdzv_id,
+                              rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts,
+                              logs_specs=DefaultLogsSpecs(log_dir=logs))
+        try:
+            elastic_launch(config, sys.executable)("-u", "-m", module, *args)
+        except ChildFailedError as err:
+            if debug:
+                raise
+            rank, failure = root_cause(err.failures)
+            _close_run(run_file, "KILLED" if failure.exitcode < 0 else "FAILED")
+            print(f"\nerror: {describe(rank, failure)}", file=sys.stderr)  # on its own line, after any progress bar
+            return 2
+        except (SignalException, _Signalled) as err:
+            _ignore_stop_signals()  # a second signal must not cut the report short
+            _close_run(run_file, "KILLED")
+            print(f"\nerror: stopped by {signal.Signals(err.sigval).name}", file=sys.stderr)
+            return 128 + int(err.sigval)
     _ignore_stop_signals()  # done: a late signal changes nothing
     return 0
 

@@ -22,11 +22,13 @@ def params(tmp_path_factory):
     return path
 
 
-def _launch(params, *args, debug=False, timeout=120):
+def _launch(params, *args, debug=False, timeout=120, tmpdir=None):
     env = {k: v for k, v in os.environ.items() if k not in ("PIPELINES_DEBUG", "PIPELINES_LAUNCHED")}
     env["PYTHONPATH"] = str(REPO)
     if debug:
         env["PIPELINES_DEBUG"] = "1"
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     return subprocess.run([sys.executable, "-m", "pipelines.launch", "--params", str(params), *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -53,17 +55,19 @@ def _error_lines(done):
     return [line for line in done.stderr.splitlines() if line.startswith("error:")]
 
 
-def test_a_successful_group_exits_0(params):
-    done = _launch(params, "tests.launch_probe", "--fail", "none")
+def test_a_successful_group_exits_0_and_leaves_no_temporary_folder(params, tmp_path):
+    done = _launch(params, "tests.launch_probe", "--fail", "none", tmpdir=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not _error_lines(done) and "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("torchelastic_*"))  # torch's agent would leave its error-file folder
 
 
-def test_a_user_error_on_one_rank_is_one_line_and_exit_code_2(params):
-    done = _launch(params, "tests.launch_probe", "--fail", "user-error-on-rank-1")
+def test_a_user_error_on_one_rank_is_one_line_and_exit_code_2(params, tmp_path):
+    done = _launch(params, "tests.launch_probe", "--fail", "user-error-on-rank-1", tmpdir=tmp_path)
     assert done.returncode == 2
     assert _error_lines(done) == ["error: images/x.jpg: image id 7: unreadable image (probe)"]
     assert "ChildFailedError" not in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("torchelastic_*"))  # the error files were read, then removed
 
 
 def test_a_bug_is_one_line_naming_the_exception(params):
