@@ -49,6 +49,7 @@ import torch
 import yaml
 
 from pipelines.compose import compose_params
+from pipelines.config import params_from_dict
 from pipelines.data.annotation_cache import AnnotationCache, build_cache
 from pipelines.data.autoaug.augment import ScaleAwareAutoAugment
 from pipelines.data.autoaug.color import color_op_on_boxes
@@ -151,11 +152,11 @@ def _full_call(augment: ScaleAwareAutoAugment, samples: list[Sample], fetch, num
 def default_training() -> dict:
     """What the COCO-scale case takes from the default configuration: the filler settings and the
     samples one loader worker augments per iteration."""
-    p = yaml.safe_load(compose_params(REPO, ["augment=sa_autoaug"]))
-    a, t = p["augment"], p["train"]
-    workers = t["nproc"] * max(p["loader"]["num_workers"], 1)
-    return {"filler_pool": a["filler_pool"], "filler_pool_iters": a["filler_pool_iters"],
-            "filler_cache_mb": a["filler_cache_mb"], "samples_per_worker_iteration": max(t["ims_per_batch"] // workers, 1)}
+    p = params_from_dict(yaml.safe_load(compose_params(REPO, ["augment=sa_autoaug"])), source="conf/")
+    a, t = p.augment, p.train
+    workers = t.nproc * max(p.loader.num_workers, 1)
+    return {"filler_pool": a.filler_pool, "filler_pool_iters": a.filler_pool_iters,
+            "filler_cache_mb": a.filler_cache_mb, "samples_per_worker_iteration": max(t.ims_per_batch // workers, 1)}
 
 
 def time_full_calls(cases: dict, calls: int, rounds: int, warmup: int, clock=time.perf_counter) -> dict:
