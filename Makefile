@@ -1,11 +1,12 @@
-# `make pipeline` installs (once) and runs the four DVC stages; `make test` installs and runs the tests.
+# `make pipeline` installs (once) and runs the four DVC stages; `make test` installs and runs the tests;
+# `make doctor` reports on the machine and predicts the pipeline's time on it.
 # The install is the pinned requirements.lock; `make lock` re-resolves it from pyproject.toml.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install pipeline test lock
+.PHONY: install pipeline test doctor lock
 
 # Every dependency at its locked version, then the project itself (editable, deps already there).
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -21,6 +22,10 @@ pipeline: install
 
 test: install
 	pytest
+
+# What this machine offers training, what `auto` resolves to, and how long `make pipeline` takes here.
+doctor: install
+	python -m pipelines.doctor
 
 # After editing pyproject.toml: newest releases that satisfy it (Linux x86_64, Python 3.11).
 lock: install

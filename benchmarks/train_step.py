@@ -189,10 +189,11 @@ def _wrap(p: Params, model: torch.nn.Module, variant: Variant) -> torch.nn.Modul
 
 def _solver(p: Params, num_classes: int, variant: Variant):
     torch.manual_seed(p.seed)
-    model = build.detector(p, num_classes=num_classes)
+    compute = build.compute(p, torch.device("cpu"))
+    model = build.detector(p, num_classes=num_classes, compute=compute)
     optimizer = build.optimizer(p, model)
     scheduler = build.scheduler(p, optimizer)
-    return _wrap(p, model, variant), optimizer, scheduler, build.grad_scaler(p, torch.device("cpu"))
+    return _wrap(p, model, variant), optimizer, scheduler, build.grad_scaler(compute, torch.device("cpu"))
 
 
 def _window_loader(p: Params, dataset, *, rank: int, span: tuple[int, int, int], workers: int):
@@ -425,7 +426,7 @@ def benchmark(p: Params, *, root: Path, images: int, variants: list[str], warmup
             os.environ["OMP_NUM_THREADS"] = threads
     measured = json.loads((root / "results.json").read_text())
     config = {"model": p.model.name, "min_size_train": list(p.model.min_size_train),
-              "max_size_train": p.model.max_size_train, "precision": p.model.precision, "augment": p.augment.name,
+              "max_size_train": p.model.max_size_train, "precision": build.compute(p, torch.device("cpu")).precision, "augment": p.augment.name,
               "batch_per_process": p.train.ims_per_batch // WORLD, "processes": WORLD,
               "num_workers": p.loader.num_workers, "log_period": p.train.log_period,
               "checkpoint_period": p.train.checkpoint_period, "images": images, "warmup": warmup, "iters": iters,

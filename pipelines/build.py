@@ -14,15 +14,22 @@ from .data.autoaug.augment import ScaleAwareAutoAugment
 from .data.loader import make_test_loader, make_train_loader
 from .data.transforms import Compose, RandomHorizontalFlip, TestTimeAugmentation, build_transforms
 from .errors import ConfigError
+from .hardware import Compute, resolve
 from .model import Detector, build_detector
 from .policy import Policy, decode_policy
 from .solver import build_lr_scheduler, build_optimizer
 
 
-def detector(p: Params, *, num_classes: int, pretrained: bool = True) -> Detector:
-    """The detector of ``p.model`` (seed torch's generator first): random weights, then, with
-    ``pretrained``, the ResNet's from ``model.backbone_weights`` (pass ``False`` when a trained model's
-    state dict will replace them anyway); ``model.trainable_layers`` sets which stages train.
+def compute(p: Params, device: torch.device) -> Compute:
+    """How the model computes on ``device``: ``model.precision`` and ``model.channels_last`` with
+    ``auto`` resolved from the hardware (:func:`pipelines.hardware.resolve`)."""
+    return resolve(p.model.precision, p.model.channels_last, device)
+
+
+def detector(p: Params, *, num_classes: int, compute: Compute, pretrained: bool = True) -> Detector:
+    """The detector of ``p.model`` computing as ``compute`` says (seed torch's generator first): random
+    weights, then, with ``pretrained``, the ResNet's from ``model.backbone_weights`` (pass ``False`` when
+    a trained model's state dict will replace them anyway); ``model.trainable_layers`` sets which stages train.
 
     Raises:
         ConfigError: ``model.backbone_weights`` cannot be read, downloaded or loaded (one line).
@@ -31,8 +38,9 @@ def detector(p: Params, *, num_classes: int, pretrained: bool = True) -> Detecto
     try:
         return build_detector(num_classes=num_classes, backbone=m.backbone, norm=m.norm, fpn_channels=m.fpn_channels,
                               backbone_weights=m.backbone_weights if pretrained else None,
-                              trainable_layers=m.trainable_layers, head_convs=m.head_convs, precision=m.precision,
-                              channels_last=m.channels_last, score_thresh=m.score_thresh, nms_thresh=m.nms_thresh,
+                              trainable_layers=m.trainable_layers, head_convs=m.head_convs,
+                              precision=compute.precision, channels_last=compute.channels_last,
+                              score_thresh=m.score_thresh, nms_thresh=m.nms_thresh,
                               detections_per_img=m.detections_per_img, topk_candidates=m.topk_candidates)
     except ConfigError as err:
         raise ConfigError(f"model.backbone_weights: {err}") from None
@@ -107,9 +115,9 @@ def scheduler(p: Params, optimizer: torch.optim.Optimizer) -> torch.optim.lr_sch
                               gamma=t.gamma, warmup_iters=t.warmup_iters, warmup_factor=t.warmup_factor)
 
 
-def grad_scaler(p: Params, device: torch.device) -> torch.amp.GradScaler:
-    """The gradient scaler fp16 autocast needs (``model.precision: fp16``); disabled, a no-op, otherwise."""
-    return torch.amp.GradScaler(device.type, enabled=p.model.precision == "fp16")
+def grad_scaler(compute: Compute, device: torch.device) -> torch.amp.GradScaler:
+    """The gradient scaler fp16 autocast needs; disabled, a no-op, for other precisions."""
+    return torch.amp.GradScaler(device.type, enabled=compute.precision == "fp16")
 
 
 def loop_settings(p: Params) -> dict:

@@ -96,15 +96,21 @@ def _sha256(path: Path) -> str:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's random generator states (torch, numpy, Python), as plain types."""
+    """This process's random generator states (torch, its current CUDA device's where CUDA is in use,
+    numpy, Python), as plain types."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
-            "python": list(map(lambda x: list(x) if isinstance(x, tuple) else x, random.getstate()))}
+    state = {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+             "python": list(map(lambda x: list(x) if isinstance(x, tuple) else x, random.getstate()))}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore what :func:`rng_state` returned (the CUDA state where it holds one and CUDA is available)."""
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss = state["python"]

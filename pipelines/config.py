@@ -78,8 +78,10 @@ class Model:
     max_size_train: int = MISSING
     min_size_test: int = MISSING
     max_size_test: int = MISSING
-    precision: str = MISSING  # bf16 | fp16 | fp32: autocast of backbone and head (fp16 with a gradient scaler)
-    channels_last: bool = MISSING
+    # auto | bf16 | fp16 | fp32: autocast of backbone and head (fp16 with a gradient scaler); auto: bf16
+    # where the CPU or GPU has it natively, fp32 elsewhere (pipelines/hardware.py)
+    precision: str = MISSING
+    channels_last: Any = MISSING  # auto | true | false; auto: on with bf16 or fp16 and on GPUs
     sync_batchnorm: bool = MISSING  # BatchNorm statistics over all processes (SyncBatchNorm; GPUs only)
     score_thresh: float = MISSING
     nms_thresh: float = MISSING
@@ -172,7 +174,7 @@ class Params:
 CHOICES = {
     "model.backbone": ("resnet18", "resnet34", "resnet50", "resnet101"),
     "model.norm": ("batchnorm", "groupnorm", "frozen_batchnorm"),
-    "model.precision": ("bf16", "fp16", "fp32"),
+    "model.precision": ("auto", "bf16", "fp16", "fp32"),  # pipelines.hardware.PRECISIONS
     "augment.name": ("none", "flip", "sa_autoaug"),
     "train.optimizer": ("sgd", "adamw"),
     "train.lr_schedule": ("multistep", "cosine"),
@@ -311,6 +313,8 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
         require(d.max_objects >= d.min_objects, "dataset.max_objects", f">= dataset.min_objects ({d.min_objects})", d.max_objects)
 
     m = p.model
+    require(isinstance(m.channels_last, bool) or m.channels_last == "auto", "model.channels_last",
+            "auto, true or false", m.channels_last)
     require(m.fpn_channels > 0 and m.fpn_channels % 32 == 0, "model.fpn_channels",
             "a positive multiple of 32 (the head's GroupNorm has 32 groups)", m.fpn_channels)
     require(m.head_convs >= 1, "model.head_convs", "at least 1", m.head_convs)

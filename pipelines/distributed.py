@@ -11,6 +11,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from . import hardware
+
 
 def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -32,8 +34,8 @@ def init_from_env(timeout_s: float = 1800) -> torch.device:
     """Join the process group that ``torchrun`` describes in the environment, if any.
 
     NCCL with one GPU per local rank when CUDA is available, gloo on CPU. Without ``WORLD_SIZE`` > 1
-    (plain ``python -m ...``) nothing is initialised. On CPU the node's cores are split evenly
-    between its processes. Returns the device this process should use.
+    (plain ``python -m ...``) nothing is initialised. On CPU the cores this process may use
+    (:func:`pipelines.hardware.cpu_budget`) are split evenly between the node's processes. Returns the device this process should use.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -42,9 +44,10 @@ def init_from_env(timeout_s: float = 1800) -> torch.device:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        # Share the cores between the processes of this node instead of oversubscribing them.
+        # Share the cores this process may use (affinity mask and cgroup quota) between the
+        # processes of this node instead of oversubscribing them.
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world))
+        torch.set_num_threads(max(1, hardware.cpu_budget() // local_world))
     if world_size > 1 and not is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
@@ -56,29 +59,25 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def synchronize() -> None:
-    """Barrier across all processes (no-op in a single process)."""
-    if get_world_size() > 1:
-        dist.barrier()
-
-
-def reduce_loss_dict(loss_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Average scalar losses across processes, for logging and the non-finite check: the result is
-    valid on every process.
+def reduce_loss_dict(loss_dict: dict[str, torch.Tensor], *, flag: bool = False) -> tuple[dict[str, torch.Tensor], bool]:
+    """Average scalar losses across processes and learn whether any process raised ``flag``, in one
+    all-reduce: ``(losses, any flag)``, the same on every process.
 
     As the seed's ``reduce_loss_dict`` (keys sorted, also in one process; values stacked, summed,
     divided by the world size), but all-reduced instead of reduced to rank 0, so that every process
-    sees the same values and they stop together on a non-finite loss.
+    sees the same values and they stop together on a non-finite loss or a stop request. The flag
+    rides in the losses' tensor, on the training device: an NCCL group has no CPU backend.
     """
     world_size = get_world_size()
     names = sorted(loss_dict)
     if world_size < 2:
-        return {k: loss_dict[k].detach() for k in names}
+        return {k: loss_dict[k].detach() for k in names}, flag
     with torch.no_grad():
-        stacked = torch.stack([loss_dict[k].detach().float() for k in names], dim=0)
+        values = [loss_dict[k].detach().float() for k in names]
+        stacked = torch.stack([*values, values[0].new_tensor(float(flag))])
         dist.all_reduce(stacked)
         stacked /= world_size
-    return dict(zip(names, stacked))
+    return dict(zip(names, stacked[:-1])), bool(stacked[-1] > 0)
 
 
 def gather_objects(obj) -> list | None:
@@ -97,12 +96,3 @@ def broadcast_object(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def all_reduce_max(value: float) -> float:
-    """The maximum of ``value`` over processes, on every process."""
-    if get_world_size() < 2:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return float(tensor.item())

@@ -147,7 +147,7 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
     for batch in loader:
         iteration += 1
         losses = train_step(model, batch.to(device, non_blocking=True), optimizer, scheduler, clip_grad_norm, scaler)
-        reduced_tensors = distributed.reduce_loss_dict(losses)
+        reduced_tensors, stopping = distributed.reduce_loss_dict(losses, flag=stop is not None and stop.is_set())
         total = float(sum(reduced_tensors.values()))  # summed in float32, as logged before
         reduced = {k: float(v) for k, v in reduced_tensors.items()}
         window_iters += 1
@@ -176,7 +176,6 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
         progress.update(1)
 
         periodic = iteration % checkpoint_period == 0 and iteration < max_iter
-        stopping = stop is not None and distributed.all_reduce_max(float(stop.is_set())) > 0
         if checkpointer is not None and (periodic or (stopping and iteration < max_iter)):
             last_checkpoint = checkpointer.save(iteration, model=model, optimizer=optimizer, scheduler=scheduler,
                                                 scaler=scaler)

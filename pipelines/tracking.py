@@ -335,6 +335,18 @@ def find_runs(filter_string: str, *, uri: str | None = None) -> list:
     return _read(uri, search) or []
 
 
+def store_status(uri: str | None = None) -> str:
+    """One line on the tracking store (for the machine report): whether it answers within the bounds."""
+    uri = uri or tracking_uri()
+    try:
+        experiments = _read(uri, lambda client: client.search_experiments(max_results=1000))
+    except TrackingError as err:
+        return str(err).removeprefix("MLflow store ")
+    if experiments is None:
+        return f"{uri} refuses this client (see the warning above)"
+    return f"{uri} answers ({_plural(len(experiments), 'experiment')})"
+
+
 # --- bounded store calls -----------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """Stage evaluate: COCO box metrics of the final model on the val split, in an MLflow run of its own.
 
-Each process takes a shard of the val images; detections are gathered on rank 0, mapped back to
+The model computes in the precision and memory layout it was trained with (stored in the model
+file), said in the stage's first line. Each process takes a shard of the val images; detections are gathered on rank 0, mapped back to
 JSON category ids and original image coordinates, and scored with ``COCOeval`` of
 ``evaluate.backend`` (pycocotools or faster-coco-eval).
 
@@ -22,6 +23,7 @@ from pipelines.data.dataset import DetectionDataset
 from pipelines.errors import CheckpointError
 from pipelines.evaluation import coco_evaluate, predict
 from pipelines.fileio import write_json
+from pipelines.hardware import Compute, resolve
 from pipelines.tracking import (NOTE_TAG, TRAINING_RUN_TAG, Tracker, close_run, default_params, evaluation_note,
                                 read_run_file, read_run_id, run_name, stage_tags, write_run_file)
 
@@ -48,14 +50,20 @@ def main(argv: list[str] | None = None) -> None:
     state = checkpoint.load(args.model)
     if state.get("categories") != cache.categories:
         raise CheckpointError(f"{args.model}: trained on other categories than {args.cache / 'val'}")
-    model = build.detector(p, num_classes=len(cache.categories), pretrained=False)  # the trained weights replace them
+    compute = _compute(p, state, args.model, device)
+    if main_process:
+        log.info("%s", compute.describe())
+        if compute.warning:
+            log.warning("%s", compute.warning)
+    # the trained weights replace the initial ones
+    model = build.detector(p, num_classes=len(cache.categories), compute=compute, pretrained=False)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:
         raise CheckpointError(f"{args.model}: does not match params.yaml's model section ({str(err).splitlines()[0]})") from None
     model.to(device)
 
-    tracker = _tracker(p, args, training_run_id) if main_process else Tracker()
+    tracker = _tracker(p, compute, args, training_run_id) if main_process else Tracker()
     try:
         dataset = DetectionDataset(cache, transforms=build.test_transforms(p), seed=p.seed, skip_crowd=False)
         loader = build.test_loader(p, dataset, rank=rank, world_size=world_size)
@@ -91,7 +99,16 @@ def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: 
     tracker.finish()
 
 
-def _tracker(p, args, training_run_id: str | None) -> Tracker:
+def _compute(p, state: dict, model_file, device) -> Compute:
+    """How the trained model computes: as it was trained (stored with it), or, for a model file that
+    does not say, as ``params.yaml`` resolves on this machine."""
+    if "precision" in state:
+        return resolve(state["precision"], bool(state.get("channels_last")), device,
+                       source=f"as the model was trained (stored in {model_file})")
+    return build.compute(p, device)
+
+
+def _tracker(p, compute: Compute, args, training_run_id: str | None) -> Tracker:
     """A new evaluation run (all params, lineage tags, linked to the training run), recorded in
     ``args.run_file``; a run that an earlier, killed evaluation left open there is closed as KILLED."""
     previous = read_run_file(args.run_file)
@@ -101,7 +118,7 @@ def _tracker(p, args, training_run_id: str | None) -> Tracker:
     tags = stage_tags("evaluate", params_file=args.params, cache=args.cache)
     if training_run_id:
         tags[TRAINING_RUN_TAG] = training_run_id
-    tracker = Tracker.start(experiment=p.tracking.experiment, params=params, tags=tags,
+    tracker = Tracker.start(experiment=p.tracking.experiment, params={**params, **compute.as_params()}, tags=tags,
                             run_name=run_name("evaluate", params, default_params(), first=("evaluate.",)))
     write_run_file(args.run_file, run_id=tracker.run_id, experiment=p.tracking.experiment,
                    training_run_id=training_run_id, status="running")

@@ -1,7 +1,9 @@
 """Stage train: FCOS with DDP, started by ``python -m pipelines.launch`` (torchrun's elastic launch).
 
-Resumes exactly: a run that was killed or stopped continues from the newest checkpoint with the same
-fingerprint (training params, data and code) and gives the weights an uninterrupted run gives, in
+Its first line says how the model computes (``model.precision`` and ``model.channels_last``, with
+``auto`` resolved from the hardware) and why. Resumes exactly: a run that was killed or stopped
+continues from the newest checkpoint with the same fingerprint (training params, resolved precision,
+data and code) and gives the weights an uninterrupted run gives, in
 the same MLflow run. ``<out>/checkpoints/`` is the working folder (checkpoints, and this attempt's
 log, preview and ``run.json``); the outputs (final model, training log, preview, ``run.json``)
 replace the previous ones only when training has finished; until then the previous ones stay.
@@ -23,6 +25,7 @@ from pipelines.data.preview import augmentation_preview
 from pipelines.engine import MetricLog, StopRequest, train
 from pipelines.errors import Stopped
 from pipelines.fileio import atomic_file, check_writable
+from pipelines.hardware import Compute
 from pipelines.tracking import (NOTE_TAG, Tracker, close_run, default_params, read_run_file, run_name, stage_tags,
                                 training_note, write_run_file)
 
@@ -40,11 +43,16 @@ def main(argv: list[str] | None = None) -> None:
     rank, world_size, main_process = distributed.get_rank(), distributed.get_world_size(), distributed.is_main_process()
     p = load_params(args.params, world_size=world_size)
     t = p.train
+    compute = build.compute(p, device)
+    if main_process:
+        log.info("%s", compute.describe())
+        if compute.warning:
+            log.warning("%s", compute.warning)
     torch.manual_seed(p.seed)
 
     cache = AnnotationCache(args.cache / "train", verify=True)
     dataset = DetectionDataset(cache, transforms=build.train_transforms(p), seed=p.seed)
-    model = build.detector(p, num_classes=len(cache.categories)).to(device)
+    model = build.detector(p, num_classes=len(cache.categories), compute=compute).to(device)
     optimizer = build.optimizer(p, model)
     scheduler = build.scheduler(p, optimizer)
     work = args.out / "checkpoints"  # persistent: checkpoints, and this run's log and preview until it ends
@@ -53,13 +61,14 @@ def main(argv: list[str] | None = None) -> None:
         for folder, needed in ((work, 3 * model_bytes * (t.keep_checkpoints + 1)), (args.out, model_bytes),
                                (args.train_log.parent, 0), (args.preview.parent, 0)):
             check_writable(folder, needed_bytes=needed)
-    fingerprint = checkpoint.fingerprint(params=training_params(p), data=json.dumps(cache.meta["arrays"]))
+    fingerprint = checkpoint.fingerprint(params={**training_params(p), **compute.as_params()},
+                                         data=json.dumps(cache.meta["arrays"]))
     checkpointer = checkpoint.Checkpointer(work, keep=t.keep_checkpoints, fingerprint=fingerprint,
                                            extra={"categories": cache.categories})
     state_file = work / "run.json"  # this attempt's run id, fingerprint and status; outputs/train/run.json at the end
     previous = read_run_file(state_file) if main_process else {}
     interrupted = previous.get("status") == "running"
-    scaler = build.grad_scaler(p, device)
+    scaler = build.grad_scaler(compute, device)
     start_iter, _ = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                         interrupted=interrupted)
     loader = build.train_loader(p, dataset, rank=rank, world_size=world_size, device=device, start_iter=start_iter)
@@ -68,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
              len(dataset), len(cache.categories), sum(x.numel() for x in model.parameters()) / 1e6,
              world_size, device.type, t.ims_per_batch, start_iter, t.max_iter)
 
-    tracker, tracked_until = _tracker(p, previous, fingerprint, resumed=start_iter > 0, main_process=main_process,
+    tracker, tracked_until = _tracker(p, compute, previous, fingerprint, resumed=start_iter > 0,
+                                      main_process=main_process,
                                       tags=stage_tags("train", params_file=args.params, cache=args.cache)
                                       if main_process else {})
     preview, train_log = work / args.preview.name, work / args.train_log.name
@@ -99,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     if main_process:
         final = args.out / "model_final.pth"
         checkpoint.save(final, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
-                        iteration=t.max_iter)
+                        iteration=t.max_iter, precision=compute.precision, channels_last=compute.channels_last)
         for source, target in ((train_log, args.train_log), (preview, args.preview)):
             with atomic_file(target) as tmp:
                 shutil.copyfile(source, tmp)
@@ -116,11 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     distributed.shutdown()
 
 
-def _tracker(p, previous: dict, fingerprint: str, *, resumed: bool, main_process: bool,
+def _tracker(p, compute: Compute, previous: dict, fingerprint: str, *, resumed: bool, main_process: bool,
              tags: dict[str, str]) -> tuple[Tracker, int]:
     """The MLflow training run: the interrupted one when resuming (and the last step it has), else a new
-    one with ``tags``, every param but the ``evaluate`` section's (evaluation runs record those) and a
-    readable name.
+    one with ``tags``, every param but the ``evaluate`` section's (evaluation runs record those), the
+    resolved ``compute`` and a readable name.
 
     ``previous`` is the run file of the start before. A run that it left RUNNING and that is not
     continued is closed as KILLED.
@@ -134,7 +144,7 @@ def _tracker(p, previous: dict, fingerprint: str, *, resumed: bool, main_process
     if interrupted:
         close_run(previous["run_id"], "KILLED")
     params = {k: v for k, v in to_flat_dict(p).items() if not k.startswith("evaluate.")}
-    tracker = Tracker.start(experiment=p.tracking.experiment, params=params, tags=tags,
+    tracker = Tracker.start(experiment=p.tracking.experiment, params={**params, **compute.as_params()}, tags=tags,
                             run_name=run_name("train", params, default_params()))
     if tracker.run_id:
         tracker.set_tag(NOTE_TAG, training_note(tracker.run_id))

@@ -5,8 +5,15 @@ import os
 import signal
 import time
 
+import torch.distributed
+
 from pipelines import cli, distributed
 from pipelines.errors import DatasetError
+
+
+def _barrier():
+    if distributed.is_initialized():
+        torch.distributed.barrier()
 
 
 def main(argv=None):
@@ -17,7 +24,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     distributed.init_from_env()
     rank = distributed.get_rank()
-    distributed.synchronize()
+    _barrier()
     if rank == 1 and args.fail == "user-error-on-rank-1":
         raise DatasetError("images/x.jpg: image id 7: unreadable image (probe)")
     if rank == 1 and args.fail == "bug-on-rank-1":
@@ -26,7 +33,7 @@ def main(argv=None):
         os.kill(os.getpid(), signal.SIGKILL)
     if args.fail != "none":
         time.sleep(60)  # "sleep": until the launcher stops the group  # rank 0 is still busy when rank 1 fails: the launcher must stop it
-    distributed.synchronize()
+    _barrier()
     distributed.shutdown()
     if rank == 0 and args.done_file:
         open(args.done_file, "w").close()

@@ -17,9 +17,13 @@ from pipelines.data.dataset import DetectionDataset
 from pipelines.data import transforms
 from pipelines.data.transforms import Compose, RandomHorizontalFlip, ResizeShorterSide
 from pipelines.errors import ConfigError
+from pipelines.hardware import Compute
 from pipelines.policy import decode_policy
 
 from .conftest import REPO
+
+CPU = torch.device("cpu")
+FP32 = Compute("fp32", False, "chosen by the test")
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +81,26 @@ def test_test_time_augmentation_only_when_asked(params):
 def test_detector_follows_the_model_section(params):
     p = _with(params, "model", fpn_channels=64, head_convs=1, precision="fp32", channels_last=False, score_thresh=0.2,
               nms_thresh=0.5, detections_per_img=7, topk_candidates=50)
-    model = build.detector(p, num_classes=3)
+    model = build.detector(p, num_classes=3, compute=build.compute(p, CPU))
     assert model.backbone.out_channels == 64 and model.autocast_dtype is None and not model.channels_last
     assert len([m for m in model.head.classification_head.conv if isinstance(m, torch.nn.Conv2d)]) == 1
     assert model.head.classification_head.num_classes == 3
     assert (model.score_thresh, model.nms_thresh, model.detections_per_img, model.topk_candidates) == (0.2, 0.5, 7, 50)
-    assert build.detector(params, num_classes=3).autocast_dtype == torch.bfloat16
+    bf16 = build.detector(params, num_classes=3, compute=Compute("bf16", True, "chosen by the test"))
+    assert bf16.autocast_dtype == torch.bfloat16 and bf16.channels_last
+
+
+def test_compute_resolves_auto_from_the_hardware_and_keeps_explicit_values(params, monkeypatch):
+    from pipelines import hardware
+
+    for native, expected in (("avx512_core_bf16", ("bf16", True)), (None, ("fp32", False))):
+        monkeypatch.setattr(hardware, "native_bf16_cpu", lambda native=native: native)
+        resolved = build.compute(_with(params, "model", precision="auto", channels_last="auto"), CPU)
+        assert (resolved.precision, resolved.channels_last) == expected and resolved.warning is None
+        assert resolved.reason.startswith("auto: ")
+    explicit = build.compute(_with(params, "model", precision="bf16", channels_last=False), CPU)
+    assert (explicit.precision, explicit.channels_last) == ("bf16", False)
+    assert "bf16 is emulated here" in explicit.warning and "18x slower than fp32 on an AVX2 CPU" in explicit.warning
 
 
 def test_loaders_split_the_global_batch_across_processes(params, tiny_cache):
@@ -123,12 +141,12 @@ def test_detector_loads_backbone_weights_from_a_file_and_freezes_the_stages(para
     state = {k: v + 1 if v.is_floating_point() else v for k, v in torchvision.models.resnet18().state_dict().items()}
     path = _r18_file(tmp_path, state)
     p = _small(params, backbone_weights=str(path), norm="frozen_batchnorm", trainable_layers=3)
-    body = build.detector(p, num_classes=3).backbone.body
+    body = build.detector(p, num_classes=3, compute=FP32).backbone.body
     assert all(torch.equal(v, state[k]) for k, v in body.state_dict().items())
     assert {n for n, x in body.named_parameters() if not x.requires_grad} == \
         {n for n, _ in body.named_parameters() if n.startswith(("conv1.", "layer1."))}
     # A trained model's state dict replaces the weights anyway: nothing needs to be read.
-    assert not torch.equal(build.detector(p, num_classes=3, pretrained=False).backbone.body.conv1.weight,
+    assert not torch.equal(build.detector(p, num_classes=3, compute=FP32, pretrained=False).backbone.body.conv1.weight,
                            state["conv1.weight"])
 
 
@@ -143,7 +161,7 @@ def test_detector_resolves_torchvision_weights_names(params, monkeypatch, value)
         return state
 
     monkeypatch.setattr(WeightsEnum, "get_state_dict", get_state_dict)
-    body = build.detector(_small(params, backbone_weights=value), num_classes=3).backbone.body
+    body = build.detector(_small(params, backbone_weights=value), num_classes=3, compute=FP32).backbone.body
     assert asked == [torchvision.models.ResNet18_Weights.IMAGENET1K_V1]
     assert all(torch.equal(v, state[k]) for k, v in body.state_dict().items())
 
@@ -180,14 +198,14 @@ def _no_state_dict(tmp_path):
 def test_bad_backbone_weights_files_stop_with_one_line(params, tmp_path, make, message):
     value = str(make(tmp_path))
     with pytest.raises(ConfigError) as err:
-        build.detector(_small(params, backbone_weights=value), num_classes=3)
+        build.detector(_small(params, backbone_weights=value), num_classes=3, compute=FP32)
     text = str(err.value)
     assert text.startswith(f"model.backbone_weights: {value!r}") and message in text and "\n" not in text
 
 
 def test_unknown_weights_name_and_failed_download_stop_with_one_line(params, tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as err:
-        build.detector(_small(params, backbone_weights="IMAGENET9K_V9"), num_classes=3)
+        build.detector(_small(params, backbone_weights="IMAGENET9K_V9"), num_classes=3, compute=FP32)
     assert str(err.value) == ("model.backbone_weights: 'IMAGENET9K_V9': no such weights for resnet18; expected one of "
                               "IMAGENET1K_V1, DEFAULT (or ResNet18_Weights.<name>), or a state-dict file")
 
@@ -197,7 +215,7 @@ def test_unknown_weights_name_and_failed_download_stop_with_one_line(params, tmp
     monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))  # an empty cache: it must download
     monkeypatch.setattr(torch.hub, "urlopen", offline)
     with pytest.raises(ConfigError) as err:
-        build.detector(_small(params, backbone_weights="ResNet18_Weights.IMAGENET1K_V1"), num_classes=3)
+        build.detector(_small(params, backbone_weights="ResNet18_Weights.IMAGENET1K_V1"), num_classes=3, compute=FP32)
     text = str(err.value)
     assert text.startswith("model.backbone_weights: 'ResNet18_Weights.IMAGENET1K_V1': could not download "
                            "ResNet18_Weights.IMAGENET1K_V1 from https://download.pytorch.org/models/resnet18-")
@@ -231,7 +249,7 @@ def test_one_process_trains_the_model_itself_and_sync_batchnorm_needs_a_gpu(para
 
 def test_the_gradient_scaler_is_on_for_fp16_only(params):
     for precision, enabled in (("fp16", True), ("bf16", False), ("fp32", False)):
-        assert build.grad_scaler(_with(params, "model", precision=precision), torch.device("cpu")).is_enabled() == enabled
+        assert build.grad_scaler(Compute(precision, False, "chosen by the test"), CPU).is_enabled() == enabled
 
 
 def test_loop_settings_are_the_train_sections_keyword_arguments_of_the_loop(params):

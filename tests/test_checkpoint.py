@@ -57,3 +57,20 @@ def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
     checkpoint.set_rng_state(checkpoint.load(tmp_path / "c.pth")["rng"][0])
     assert torch.equal(torch.rand(3), expected[0]) and np.array_equal(np.random.rand(3), expected[1])
     assert random.random() == expected[2]
+
+
+def test_rng_state_carries_the_cuda_generator_where_cuda_is_in_use(tmp_path, monkeypatch):
+    """On a GPU machine the CUDA generator's state is saved and restored with the others (faked here:
+    this machine has no CUDA; the real round trip is in tests/test_gpu.py)."""
+    cuda_state = torch.arange(16, dtype=torch.uint8)
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: cuda_state.clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state: restored.append(state))
+    checkpoint.save(tmp_path / "c.pth", model={}, rng=[checkpoint.rng_state()])
+    checkpoint.set_rng_state(checkpoint.load(tmp_path / "c.pth")["rng"][0])
+    assert len(restored) == 1 and torch.equal(restored[0], cuda_state)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU run: no CUDA entry, nothing restored
+    assert "cuda" not in checkpoint.rng_state()

@@ -16,7 +16,8 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
             "loss_c": torch.tensor(-3.0 * rank),
         }
         before = {k: v.detach().clone() for k, v in losses.items()}
-        reduced = distributed.reduce_loss_dict(losses)
+        reduced, raised = distributed.reduce_loss_dict(losses, flag=rank == 1)
+        _, none_raised = distributed.reduce_loss_dict(losses)
         unchanged = all(torch.equal(losses[k].detach(), before[k]) for k in losses)
         result = {
             "keys": list(reduced),
@@ -24,7 +25,7 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
             "unchanged": unchanged,
             "gathered": distributed.gather_objects({"rank": rank, "items": list(range(rank + 1))}),
             "broadcast": distributed.broadcast_object(f"from {rank}"),
-            "max": distributed.all_reduce_max(float(rank * 5)),
+            "raised": (raised, none_raised),
             "rank": distributed.get_rank(),
             "world": distributed.get_world_size(),
         }
@@ -45,7 +46,7 @@ def test_helpers_with_two_gloo_processes(tmp_path):
     assert r0["gathered"] == [{"rank": 0, "items": [0]}, {"rank": 1, "items": [0, 1]}]
     assert r1["gathered"] is None
     assert r0["broadcast"] == r1["broadcast"] == "from 0"
-    assert r0["max"] == r1["max"] == 5.0
+    assert r0["raised"] == r1["raised"] == (True, False)  # a flag raised on rank 1 only is seen by both
     assert (r0["rank"], r1["rank"], r0["world"]) == (0, 1, 2)
 
 
@@ -53,9 +54,8 @@ def test_single_process_fallbacks():
     assert not distributed.is_initialized()
     assert distributed.get_world_size() == 1 and distributed.get_rank() == 0 and distributed.is_main_process()
     losses = {"b": torch.tensor(2.0), "a": torch.tensor(1.0)}
-    reduced = distributed.reduce_loss_dict(losses)
+    reduced, raised = distributed.reduce_loss_dict(losses, flag=True)
     assert list(reduced) == ["a", "b"] and {k: float(v) for k, v in reduced.items()} == {"a": 1.0, "b": 2.0}
+    assert raised and not distributed.reduce_loss_dict(losses)[1]
     assert distributed.gather_objects(3) == [3]
     assert distributed.broadcast_object("x") == "x"
-    assert distributed.all_reduce_max(4.0) == 4.0
-    distributed.synchronize()

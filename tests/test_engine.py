@@ -223,3 +223,53 @@ def test_a_disabled_scaler_is_neither_used_nor_saved(tmp_path):
     train(model, _batches(4), optimizer, scheduler, device=torch.device("cpu"), max_iter=4, ims_per_batch=2,
           checkpoint_period=2, scaler=scaler, checkpointer=_checkpointer(tmp_path))
     assert "grad_scaler" not in checkpoint.load(tmp_path / "model_0000002.pth")
+
+
+GPU = torch.device("cuda", 0)
+
+
+class _OnGpu(torch.Tensor):
+    """A CPU tensor that says it lives on ``cuda:0``, as do the tensors derived from it (this machine
+    has no GPU: it stands for the losses of a training process on a GPU)."""
+
+    @property
+    def device(self):
+        return GPU
+
+
+class _GpuBatch:
+    """A batch already on the training device: ``to`` leaves it as it is."""
+
+    def to(self, device, non_blocking=False):
+        return self
+
+
+def test_every_collective_of_the_loop_runs_on_the_training_device(monkeypatch):
+    """An NCCL process group has no CPU backend: a collective given a CPU tensor stops multi-GPU training
+    at its first iteration. Posing as one of two processes training on cuda:0, with the collectives
+    recorded (they leave the tensors as they are), every tensor the loop hands to a collective must be
+    on the training device: the loss reduction's and the stop request's."""
+    from pipelines import distributed, engine
+
+    seen = []
+
+    def record(tensor, *args, **kwargs):
+        seen.append(tensor.device)
+
+    monkeypatch.setattr(distributed, "get_world_size", lambda: 2)
+    for name in ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce"):
+        monkeypatch.setattr(torch.distributed, name, record)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(engine, "train_step", lambda *args, **kwargs: {
+        "classification": torch.tensor(0.5).as_subclass(_OnGpu), "bbox_regression": torch.tensor(0.25).as_subclass(_OnGpu)})
+    model, optimizer, scheduler = _setup()
+    stop = StopRequest()
+    train(model, [_GpuBatch()] * 3, optimizer, scheduler, device=GPU, max_iter=3, ims_per_batch=2, log_period=1,
+          stop=stop)
+    assert len(seen) >= 3 and set(seen) == {GPU}  # at least one collective per iteration, every one on cuda:0
+
+    seen.clear()
+    stop.set()  # a stop request reaches the other process through the same collective
+    with pytest.raises(Stopped, match="at iteration 1"):
+        train(model, [_GpuBatch()] * 3, optimizer, scheduler, device=GPU, max_iter=3, ims_per_batch=2, stop=stop)
+    assert seen and set(seen) == {GPU}

@@ -33,10 +33,12 @@ def test_training_steps_on_the_gpu_in_each_precision(precision):
     p = load_params(REPO / "params.yaml")
     p.model.precision = precision
     torch.manual_seed(0)
-    model = build.detector(p, num_classes=5).to(device)
+    compute = build.compute(p, device)
+    assert compute.precision == precision
+    model = build.detector(p, num_classes=5, compute=compute).to(device)
     optimizer = build.optimizer(p, model)
     scheduler = build.scheduler(p, optimizer)
-    scaler = build.grad_scaler(p, device)
+    scaler = build.grad_scaler(compute, device)
     assert scaler.is_enabled() == (precision == "fp16")
     before = [x.detach().clone() for x in model.parameters()]
     for _ in range(3):
