@@ -42,7 +42,18 @@ def test_workflow_passes_actionlint_and_a_broken_copy_does_not(tmp_path):
 def test_workflow_compares_base_and_head_on_the_ci_profile_and_comments():
     workflow = yaml.safe_load(WORKFLOW.read_text())
     trigger = workflow[True]["pull_request"]  # YAML 1.1 reads the key `on` as True
-    assert set(trigger["paths"]) == {"params.yaml", "conf/**", "pipelines/**"}
+    # Every file that can change the pipeline's results re-runs it: each stage's code and params
+    # (dvc.yaml's deps that git tracks), dvc.yaml itself and the locked packages.
+    paths = set(trigger["paths"])
+    assert paths == {"params.yaml", "conf/**", "dvc.yaml", "stages/**", "pipelines/**", "requirements.lock"}
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    code = {d for stage in stages.values() for d in stage["deps"] if not d.startswith(("data/", "outputs/", "${"))}
+    changed = [*code, "dvc.yaml", "requirements.lock", "params.yaml", "conf/model/fcos_small.yaml"]
+    for path in changed:
+        covered = any(path == pattern or (pattern.endswith("/**") and path.startswith(pattern[:-2])) for pattern in paths)
+        assert covered, f"{path} does not trigger the workflow"
+        assert any(f == path or f.startswith(path.rstrip("/") + "/") for f in tracked), path
     assert workflow["permissions"]["pull-requests"] == "write"
     steps = workflow["jobs"]["compare"]["steps"]
     run = "\n".join(step.get("run", "") for step in steps)

@@ -69,3 +69,58 @@ def test_sync_batchnorm_shares_the_statistics_of_two_gpus():
         results = manager.dict()
         mp.spawn(_sync_batchnorm_worker, args=(os.path.join(folder, "init"), results), nprocs=2)
         assert torch.equal(results[0], results[1])  # one set of statistics over both processes' batches
+
+
+def test_the_cuda_generator_state_round_trips_through_a_checkpoint(tmp_path):
+    from pipelines import checkpoint
+
+    torch.cuda.manual_seed(3)
+    torch.rand(1, device="cuda")
+    checkpoint.save(tmp_path / "c.pth", model={}, rng=[checkpoint.rng_state()])
+    expected = torch.rand(4, device="cuda")
+    checkpoint.set_rng_state(checkpoint.load(tmp_path / "c.pth")["rng"][0])
+    assert torch.equal(torch.rand(4, device="cuda"), expected)
+
+
+def _loop_worker(rank: int, init_file: str, results) -> None:
+    """Two NCCL processes run the training loop; rank 1 alone asks to stop at iteration 2."""
+    from pipelines.engine import StopRequest, train
+    from pipelines.errors import Stopped
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    torch.cuda.set_device(rank)
+    torch.distributed.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    device = torch.device("cuda", rank)
+    p = load_params(REPO / "params.yaml")
+    compute = build.compute(p, device)
+    torch.manual_seed(0)
+    model = build.data_parallel(p, build.detector(p, num_classes=5, compute=compute).to(device), device=device,
+                                world_size=2)
+    optimizer = build.optimizer(p, model)
+    scheduler = build.scheduler(p, optimizer)
+    stop = StopRequest()
+
+    class Loader:
+        def __iter__(self):
+            for i in range(5):
+                if rank == 1 and i == 1:
+                    stop.set()
+                yield _batch(device)
+
+    try:
+        train(model, Loader(), optimizer, scheduler, device=device, max_iter=5, ims_per_batch=4, log_period=1,
+              scaler=build.grad_scaler(compute, device), stop=stop)
+        results[rank] = "finished"
+    except Stopped as err:
+        results[rank] = str(err)
+    distributed.shutdown()
+
+
+def test_the_training_loop_on_two_gpus_stops_together(tmp_path):
+    """Every collective of the loop (loss reduction, stop request) on the GPUs of an NCCL group."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_loop_worker, args=(str(tmp_path / "init"), results), nprocs=2)
+        assert results[0] == results[1] and "at iteration 2" in results[0]

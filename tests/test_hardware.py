@@ -143,3 +143,32 @@ def test_a_hold_to_avx2_changes_the_kernels_torch_and_onednn_run():
         aten, isa, kernels = _kernels({k: "" for k in HOLD_AVX2})
         assert aten == "AVX512" and "bfloat16" in isa
         assert {"jit:avx512_core", "jit_bf16:avx512_core_bf16"} <= kernels
+
+
+@pytest.mark.slow
+def test_the_tiny_pipeline_held_to_avx2_resolves_auto_to_fp32(tmp_path):
+    """``dvc repro`` of the tiny configuration on this machine held to AVX2: train says first that auto chose
+    fp32 and why, both MLflow runs record it, the model stores it and evaluate computes as it was trained."""
+    import mlflow
+
+    from .test_pipeline import TINY, _copy_repo, _env
+
+    _copy_repo(tmp_path)
+    env = {**_env(), **HOLD_AVX2}
+    subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY], cwd=tmp_path, env=env, check=True)
+    done = subprocess.run(["dvc", "repro"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=900)
+    output = done.stdout
+    assert done.returncode == 0, output[-3000:]
+    chose = ("precision fp32, channels_last off: auto: no native bf16 on this CPU (ATen at AVX2, oneDNN held to "
+             "AVX2; no AVX512_BF16, AMX or AVX2_VNNI_2 as oneDNN counts them)")
+    train_part = output[output.index("Running stage 'train'"):output.index("Running stage 'evaluate'")]
+    first = [line for line in train_part.splitlines() if " train INFO: " in line][0]
+    assert first.endswith(chose)  # the stage's first line
+    assert "precision fp32, channels_last off: as the model was trained (stored in outputs/train/model_final.pth)" \
+        in output[output.index("Running stage 'evaluate'"):]
+    assert torch.load(tmp_path / "outputs" / "train" / "model_final.pth", weights_only=True)["precision"] == "fp32"
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("detection").experiment_id])
+    assert len(runs) == 2 and {r.data.params["compute.precision"] for r in runs} == {"fp32"}
+    assert {r.data.params["model.precision"] for r in runs} == {"auto"}

@@ -144,6 +144,18 @@ def test_repro_runs_four_stages_and_records_a_training_and_an_evaluation_run(rep
     assert (repo / "outputs" / "train" / "augment_preview.png").stat().st_size > 0
     assert [a.path for a in client.list_artifacts(training.info.run_id, "model")] == ["model/model_final.pth"]
 
+    # the precision and layout auto resolved to here: recorded in both runs and stored with the model
+    import torch
+
+    from pipelines.hardware import resolve
+
+    resolved = resolve("auto", "auto", torch.device("cpu"))
+    for run in (training, evaluation):
+        assert run.data.params["compute.precision"] == resolved.precision
+        assert run.data.params["compute.channels_last"] == str(resolved.channels_last)
+    stored = torch.load(repo / "outputs" / "train" / "model_final.pth", weights_only=True)
+    assert (stored["precision"], stored["channels_last"]) == (resolved.precision, resolved.channels_last)
+
     assert {"train.base_lr", "evaluate.tta", "dataset.name"} <= set(evaluation.data.params)
     assert evaluation.data.metrics["eval/AP"] == pytest.approx(metrics["AP"])
     assert {f"eval/AP_{row['category']}" for row in per_category} <= set(evaluation.data.metrics)
