@@ -54,17 +54,6 @@ class Probe:
     seconds: float  # the probe's own duration
 
 
-def cpu_model() -> str:
-    """The CPU's marketing name (``/proc/cpuinfo``), or what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def training_device() -> torch.device:
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -162,7 +151,7 @@ def report(p: Params, *, params_file: str, run_probe: bool = True) -> dict:
              "native_bf16": torch.cuda.get_device_capability(i) >= (8, 0)} for i in range(torch.cuda.device_count())]
     found = probe(p, compute, device) if run_probe else None
     return {
-        "cpu": cpu_model(),
+        "cpu": hardware.cpu_model(),
         "architecture": platform.machine(),
         "logical_cores": torch.cpu.get_capabilities().get("num_logical_cores") or 0,
         "affinity": len(os.sched_getaffinity(0)),

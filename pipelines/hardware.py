@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,17 @@ class Compute:
 
     def describe(self) -> str:
         return f"precision {self.precision}, channels_last {'on' if self.channels_last else 'off'}: {self.reason}"
+
+
+def cpu_model() -> str:
+    """The CPU's name as the kernel reports it (``/proc/cpuinfo``), or what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def cpu_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> float | None:
