@@ -10,7 +10,10 @@ from torch import nn
 
 def build_optimizer(model: nn.Module, *, name: str, base_lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,
                     norm_weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """SGD with momentum or AdamW; normalisation weights and all biases get ``norm_weight_decay``."""
+    """SGD with momentum or AdamW; normalisation weights and all biases get ``norm_weight_decay``.
+
+    Both use torch's fused kernels (one kernel over all parameters: 4x faster than the per-tensor
+    ``foreach`` ones for AdamW on the CPU, see ``docs/hardware.md``)."""
     decay, no_decay = [], []
     for module in model.modules():
         is_norm = isinstance(module, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm))
@@ -23,9 +26,9 @@ def build_optimizer(model: nn.Module, *, name: str, base_lr: float, momentum: fl
         {"params": no_decay, "weight_decay": norm_weight_decay},
     ]
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=base_lr, momentum=momentum)
+        return torch.optim.SGD(groups, lr=base_lr, momentum=momentum, fused=True)
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=base_lr)
+        return torch.optim.AdamW(groups, lr=base_lr, fused=True)
     raise ValueError(f"unknown optimizer {name!r}; expected sgd or adamw")
 
 
