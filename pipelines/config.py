@@ -172,7 +172,7 @@ class Params:
 
 
 CHOICES = {
-    "model.backbone": ("resnet18", "resnet34", "resnet50", "resnet101"),
+    "model.backbone": ("resnet10", "resnet18", "resnet34", "resnet50", "resnet101"),
     "model.norm": ("batchnorm", "groupnorm", "frozen_batchnorm"),
     "model.precision": ("auto", "bf16", "fp16", "fp32"),  # pipelines.hardware.PRECISIONS
     "augment.name": ("none", "flip", "sa_autoaug"),

@@ -46,7 +46,11 @@ def build_backbone(*, backbone: str, norm: str, fpn_channels: int, weights: str 
     Raises:
         ConfigError: the weights cannot be read, downloaded or loaded (the message names the value).
     """
-    body = getattr(torchvision.models, backbone)(weights=None, norm_layer=NORM_LAYERS[norm])
+    if backbone == "resnet10":  # one BasicBlock per stage: half of ResNet-18's convolutions, no published weights
+        body = torchvision.models.resnet.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1],
+                                                norm_layer=NORM_LAYERS[norm])
+    else:
+        body = getattr(torchvision.models, backbone)(weights=None, norm_layer=NORM_LAYERS[norm])
     if weights is not None:
         load_backbone_weights(body, weights, backbone=backbone)
     trained = STAGES[:trainable_layers] + (("bn1",) if trainable_layers == len(STAGES) else ())
