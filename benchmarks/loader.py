@@ -139,7 +139,8 @@ def measure_training(p: Params, dataset: DetectionDataset, *, steps: int, warmup
     """Images per second of one training process: forward + backward + clip + step, one thread."""
     t = p.train
     torch.manual_seed(p.seed)
-    model = build.detector(p, num_classes=len(dataset.cache.categories), compute=build.compute(p, torch.device("cpu")))
+    compute = build.compute(p, torch.device("cpu"))
+    model = build.detector(p, num_classes=len(dataset.cache.categories), compute=compute)
     optimizer = build.optimizer(p, model)
     scheduler = build.scheduler(p, optimizer)
     batches = list(_loader(p, dataset, workers=0, batches=min(steps + warmup, 4)))
@@ -187,7 +188,8 @@ def benchmark(p: Params, *, root: Path, images: int, workers: list[int], batches
     default = str(p.loader.num_workers)
     return {
         "config": {"model": p.model.name, "min_size_train": list(p.model.min_size_train),
-                   "max_size_train": p.model.max_size_train, "precision": build.compute(p, torch.device("cpu")).precision,
+                   "max_size_train": p.model.max_size_train,
+                   "precision": build.compute(p, torch.device("cpu")).precision,
                    "augment": p.augment.name, "nproc": p.train.nproc, "ims_per_batch": p.train.ims_per_batch,
                    "num_workers": p.loader.num_workers, "images": images, "batches": batches, "repeats": repeats,
                    "load_average": os.getloadavg()[0]},

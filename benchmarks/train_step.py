@@ -426,7 +426,8 @@ def benchmark(p: Params, *, root: Path, images: int, variants: list[str], warmup
             os.environ["OMP_NUM_THREADS"] = threads
     measured = json.loads((root / "results.json").read_text())
     config = {"model": p.model.name, "min_size_train": list(p.model.min_size_train),
-              "max_size_train": p.model.max_size_train, "precision": build.compute(p, torch.device("cpu")).precision, "augment": p.augment.name,
+              "max_size_train": p.model.max_size_train, "precision": build.compute(p, torch.device("cpu")).precision,
+              "augment": p.augment.name,
               "batch_per_process": p.train.ims_per_batch // WORLD, "processes": WORLD,
               "num_workers": p.loader.num_workers, "log_period": p.train.log_period,
               "checkpoint_period": p.train.checkpoint_period, "images": images, "warmup": warmup, "iters": iters,

@@ -35,7 +35,8 @@ def init_from_env(timeout_s: float = 1800) -> torch.device:
 
     NCCL with one GPU per local rank when CUDA is available, gloo on CPU. Without ``WORLD_SIZE`` > 1
     (plain ``python -m ...``) nothing is initialised. On CPU the cores this process may use
-    (:func:`pipelines.hardware.cpu_budget`) are split evenly between the node's processes. Returns the device this process should use.
+    (:func:`pipelines.hardware.cpu_budget`) are split evenly between the node's processes. Returns
+    the device this process should use.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -29,7 +29,6 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torchvision
@@ -202,8 +201,8 @@ def render(r: dict) -> str:
         ("disk", f"{r['disk_free_gb']} GB free in {r['disk_path']}"),
         ("MLflow store", r["mlflow"]),
         ("params", r["params"]),
-        ("compute", f"on {r['device']}: precision {c['precision']}, channels_last {'on' if c['channels_last'] else 'off'}"
-                    f" ({c['reason']})"),
+        ("compute", f"on {r['device']}: precision {c['precision']}, "
+                    f"channels_last {'on' if c['channels_last'] else 'off'} ({c['reason']})"),
         ("processes", f"{r['processes']} training processes x {r['threads_per_process']} threads"),
     ]
     if c["warning"]:
@@ -219,7 +218,7 @@ def render(r: dict) -> str:
             lines.append(("predicted dvc repro", f"{_minutes(prediction['total'])} from scratch, within about 25% "
                                                  f"({parts})"))
         else:
-            lines.append(("predicted dvc repro", "not predicted: the dataset's size is known for the built-in one only"))
+            lines.append(("predicted dvc repro", "not predicted: only the built-in dataset's size is known"))
     width = max(len(name) for name, _ in lines)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in lines)
 

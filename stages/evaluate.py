@@ -118,8 +118,8 @@ def _tracker(p, compute: Compute, args, training_run_id: str | None) -> Tracker:
     tags = stage_tags("evaluate", params_file=args.params, cache=args.cache)
     if training_run_id:
         tags[TRAINING_RUN_TAG] = training_run_id
-    tracker = Tracker.start(experiment=p.tracking.experiment, params={**params, **compute.as_params()}, tags=tags,
-                            run_name=run_name("evaluate", params, default_params(), first=("evaluate.",)))
+    tracker = Tracker.start(experiment=p.tracking.experiment, params={**params, **compute.as_params()},
+                            tags=tags, run_name=run_name("evaluate", params, default_params(), first=("evaluate.",)))
     write_run_file(args.run_file, run_id=tracker.run_id, experiment=p.tracking.experiment,
                    training_run_id=training_run_id, status="running")
     if tracker.run_id:

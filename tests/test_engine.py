@@ -261,7 +261,8 @@ def test_every_collective_of_the_loop_runs_on_the_training_device(monkeypatch):
         monkeypatch.setattr(torch.distributed, name, record)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(engine, "train_step", lambda *args, **kwargs: {
-        "classification": torch.tensor(0.5).as_subclass(_OnGpu), "bbox_regression": torch.tensor(0.25).as_subclass(_OnGpu)})
+        "classification": torch.tensor(0.5).as_subclass(_OnGpu),
+        "bbox_regression": torch.tensor(0.25).as_subclass(_OnGpu)})
     model, optimizer, scheduler = _setup()
     stop = StopRequest()
     train(model, [_GpuBatch()] * 3, optimizer, scheduler, device=GPU, max_iter=3, ims_per_batch=2, log_period=1,
