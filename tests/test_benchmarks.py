@@ -3,6 +3,7 @@
 import inspect
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +235,44 @@ def test_sa_autoaug_benchmark_skips_the_coco_cases_without_the_shared_data(capsy
     assert list(figures["full_call_ms"]) == [sa_autoaug_benchmark.SYNTHETIC]
     assert str(tmp_path / "absent") in figures["skipped"]
     assert figures["skipped"] in sa_autoaug_benchmark.table(figures)
+
+
+def _tiny_params(tmp_path) -> Path:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["model"].update(min_size_train=[96], max_size_train=128, min_size_test=96, max_size_test=128,
+                           fpn_channels=32)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def test_precision_benchmark_times_each_variant_against_fp32_in_fresh_processes(tmp_path, capsys):
+    from benchmarks import precision as precision_benchmark
+    from pipelines import hardware
+
+    precision_benchmark.main(["--params", str(_tiny_params(tmp_path)), "--images", "8", "--classes", "native",
+                              "--steps", "1", "--repeats", "2", "--json"])
+    figures = json.loads(capsys.readouterr().out)
+    native = figures["classes"]["native"]
+    assert list(native["variants"]) == ["fp32/contiguous", "fp32/channels_last", "bf16/contiguous",
+                                        "bf16/channels_last"]
+    assert native["variants"]["fp32/contiguous"]["ratio"] == 1.0
+    assert all(len(v["runs_step_s"]) == 2 and v["step_s"] > 0 for v in native["variants"].values())
+    auto = hardware.resolve("auto", "auto", torch.device("cpu"))
+    assert native["auto"] == f"{auto.precision}/{'channels_last' if auto.channels_last else 'contiguous'}"
+    assert native["variants"]["bf16/contiguous"]["emulated"] == (auto.precision != "bf16")
+    assert "| fp32/contiguous |" in precision_benchmark.table(figures)
+
+
+@pytest.mark.slow
+def test_sizing_benchmark_runs_a_candidate_through_the_stages(capsys):
+    from benchmarks import sizing
+
+    tiny = ("dataset.train_size=8 dataset.val_size=4 dataset.min_side=128 dataset.max_side=160 "
+            "model.min_size_train=[128] model.max_size_train=160 model.min_size_test=128 model.max_size_test=160 "
+            "train.max_iter=2 train.ims_per_batch=4 train.log_period=1 train.warmup_iters=1 loader.num_workers=0 "
+            "evaluate.ims_per_batch=2")
+    sizing.main(["--candidate", tiny, "--json"])
+    (found,) = json.loads(capsys.readouterr().out)["candidates"]
+    assert found["images"] == 8 and found["train_s"] > 0 and found["evaluate_s"] > 0
+    assert 0 <= found["metrics"]["AP"] <= 1 and found["precision"] in ("bf16", "fp32")
