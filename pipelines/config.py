@@ -341,6 +341,8 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
                 "null, a torchvision weights name or the path of a state-dict file", w)
         name = weights_name(w)
         if name is not None:
+            require(m.backbone != "resnet10", "model.backbone_weights", "null or a state-dict file with model.backbone "
+                    "resnet10 (torchvision publishes no ResNet-10 weights)", w)
             enum = weights_enum(m.backbone)
             require(name[0] in (None, enum), "model.backbone_weights",
                     f"weights of model.backbone ({m.backbone}): {enum}.{name[1]} or {name[1]}", w)

@@ -67,6 +67,13 @@ def build_backbone(*, backbone: str, norm: str, fpn_channels: int, weights: str 
     )
 
 
+def _constructor(backbone: str) -> str:
+    """How torchvision builds ``backbone``, for messages."""
+    if backbone == "resnet10":
+        return "torchvision.models.resnet.ResNet(BasicBlock, [1, 1, 1, 1])"
+    return f"torchvision.models.{backbone}()"
+
+
 def load_backbone_weights(body: nn.Module, weights: str | Path, *, backbone: str) -> None:
     """Load pretrained weights into the ResNet ``body`` of architecture ``backbone`` (e.g. ``resnet50``).
 
@@ -99,7 +106,7 @@ def load_backbone_weights(body: nn.Module, weights: str | Path, *, backbone: str
                                     ("shape mismatches", mismatched)) if found]
     if problems:
         raise ConfigError(f"{str(weights)!r}: does not match the {backbone} backbone: {'; '.join(problems)}; expected "
-                          f"a state dict of torchvision.models.{backbone}() whose norm layers match model.norm")
+                          f"a state dict of {_constructor(backbone)} whose norm layers match model.norm")
     body.load_state_dict(state, strict=False)  # strict in effect: only fc and num_batches_tracked may be absent
 
 
@@ -120,7 +127,7 @@ def _torchvision_weights(name: str, backbone: str) -> dict[str, Tensor]:
 
 
 def _weights_file(path: Path, backbone: str) -> dict[str, Tensor]:
-    expected = (f"expected a state dict of torchvision.models.{backbone}() (e.g. saved from its state_dict()), "
+    expected = (f"expected a state dict of {_constructor(backbone)} (e.g. saved from its state_dict()), "
                 f"or a torchvision weights name such as IMAGENET1K_V1")
     if not path.is_file():
         raise ConfigError(f"{str(path)!r}: {'not a file' if path.exists() else 'file not found'}; {expected}")

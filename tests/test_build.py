@@ -73,7 +73,7 @@ def test_transforms_resize_to_the_train_or_test_sizes(params):
 
 
 def test_test_time_augmentation_only_when_asked(params):
-    assert build.test_time_augmentation(params) is None
+    assert build.test_time_augmentation(_with(params, "evaluate", tta=False)) is None
     tta = build.test_time_augmentation(_with(params, "evaluate", tta=True, tta_scales=[200, 300], tta_flip=False))
     assert tta == transforms.TestTimeAugmentation(scales=(200, 300), max_size=params.evaluate.tta_max_size, flip=False)
 
@@ -134,7 +134,7 @@ def _r18_file(tmp_path, state=None):
 
 
 def _small(params, **values):
-    return _with(params, "model", fpn_channels=32, head_convs=1, **values)
+    return _with(params, "model", **{"backbone": "resnet18", "fpn_channels": 32, "head_convs": 1, **values})
 
 
 def test_detector_loads_backbone_weights_from_a_file_and_freezes_the_stages(params, tmp_path):

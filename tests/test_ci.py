@@ -49,7 +49,7 @@ def test_workflow_compares_base_and_head_on_the_ci_profile_and_comments():
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     code = {d for stage in stages.values() for d in stage["deps"] if not d.startswith(("data/", "outputs/", "${"))}
-    changed = [*code, "dvc.yaml", "requirements.lock", "params.yaml", "conf/model/fcos_small.yaml"]
+    changed = [*code, "dvc.yaml", "requirements.lock", "params.yaml", "conf/model/fcos_tiny.yaml"]
     for path in changed:
         covered = any(path == pattern or (pattern.endswith("/**") and path.startswith(pattern[:-2])) for pattern in paths)
         assert covered, f"{path} does not trigger the workflow"

@@ -160,10 +160,13 @@ def test_smoke_solver_and_ci_profile_compose_valid_params(overrides):
         ({"model.backbone_weights": ""}, "model.backbone_weights: expected null, a torchvision weights name or the "
                                          "path of a state-dict file, got ''"),
         ({"model.backbone_weights": "w.pth "}, "model.backbone_weights: expected null, a torchvision weights name"),
-        ({"model.backbone_weights": "ResNet50_Weights.IMAGENET1K_V1"},
+        ({"model.backbone": "resnet18", "model.backbone_weights": "ResNet50_Weights.IMAGENET1K_V1"},
          "model.backbone_weights: expected weights of model.backbone (resnet18): ResNet18_Weights.IMAGENET1K_V1 or "
          "IMAGENET1K_V1, got 'ResNet50_Weights.IMAGENET1K_V1'"),
-        ({"model.backbone_weights": "IMAGENET1K_V1", "model.norm": "groupnorm"},
+        ({"model.backbone": "resnet10", "model.backbone_weights": "IMAGENET1K_V1"},
+         "model.backbone_weights: expected null or a state-dict file with model.backbone resnet10 (torchvision "
+         "publishes no ResNet-10 weights), got 'IMAGENET1K_V1'"),
+        ({"model.backbone": "resnet18", "model.backbone_weights": "IMAGENET1K_V1", "model.norm": "groupnorm"},
          "model.norm: expected batchnorm or frozen_batchnorm with torchvision weights (model.backbone_weights = "
          "'IMAGENET1K_V1' holds BatchNorm layers), got 'groupnorm'"),
         ({"model.backbone_weights": KeyError}, "model.backbone_weights: missing value"),
@@ -183,8 +186,9 @@ def test_bad_backbone_settings_stop_with_one_line(raw_params, changes, message):
     "changes",
     [
         # frozen BatchNorm and frozen stages with pretrained weights, named or from a file (read when building)
-        {"model.backbone_weights": "IMAGENET1K_V1", "model.norm": "frozen_batchnorm", "model.trainable_layers": 0},
-        {"model.backbone_weights": "ResNet18_Weights.DEFAULT", "model.trainable_layers": 5},
+        {"model.backbone": "resnet18", "model.backbone_weights": "IMAGENET1K_V1", "model.norm": "frozen_batchnorm",
+         "model.trainable_layers": 0},
+        {"model.backbone": "resnet18", "model.backbone_weights": "ResNet18_Weights.DEFAULT", "model.trainable_layers": 5},
         {"model.backbone_weights": "weights/r18.pth", "model.norm": "groupnorm", "model.trainable_layers": 3},
         {"model.backbone_weights": "./IMAGENET1K_V1"},
     ],
@@ -215,8 +219,8 @@ def test_pretrained_r50_preset_is_the_published_setting():
 
 
 def test_backbone_weights_change_the_training_params():
-    a = load_params(REPO / "params.yaml")
-    b = params_from_dict(yaml.safe_load(compose_params(REPO, ["model.backbone_weights=IMAGENET1K_V1"])))
+    a = params_from_dict(yaml.safe_load(compose_params(REPO, ["model=fcos_small"])))
+    b = params_from_dict(yaml.safe_load(compose_params(REPO, ["model=fcos_small", "model.backbone_weights=IMAGENET1K_V1"])))
     diff = {k for k, v in training_params(a).items() if training_params(b)[k] != v}
     assert diff == {"model.backbone_weights"}
 

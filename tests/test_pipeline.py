@@ -25,7 +25,7 @@ TINY = [
     "dataset.train_size=16", "dataset.val_size=6", "dataset.min_side=128", "dataset.max_side=192",
     "model.min_size_train=[128]", "model.max_size_train=192", "model.min_size_test=128", "model.max_size_test=192",
     "train.max_iter=4", "train.ims_per_batch=4", "train.log_period=1", "train.warmup_iters=1",
-    "evaluate.ims_per_batch=2", "loader.num_workers=0",
+    "evaluate.ims_per_batch=2", "evaluate.tta=false", "loader.num_workers=0",
 ]  # train.checkpoint_period stays 250: a run shorter than the checkpoint period must work
 
 
