@@ -11,7 +11,10 @@ images at the training size (random pixels and boxes: only sizes and the model m
 warm-up step and :data:`PROBE_STEPS` timed ones, with the threads a training process gets; then one
 inference batch at the test size. The prediction adds up
 
-    STARTUP_S + prepare + train images / (nproc x probe rate x PARALLEL) + val images / inference rate
+    STARTUP_S + prepare + train images / (nproc x probe rate x PARALLEL) + val images x views / inference rate
+
+(views: 1, or with ``evaluate.tta`` one plus each extra scale's area relative to the test size,
+doubled with flips)
 
 with the constants measured on both CPU classes (``docs/hardware.md`` gives the measurements and
 the prediction next to the real time). ``--no-probe`` leaves the probe out; ``--json`` prints one JSON
@@ -132,11 +135,20 @@ def predict_seconds(p: Params, found: Probe) -> dict[str, float] | None:
     parts = {
         "prepare": (d.train_size + d.val_size) * PREPARE_S_PER_IMAGE,
         "train": p.train.max_iter * p.train.ims_per_batch / (p.train.nproc * found.train_images_per_s * PARALLEL),
-        "evaluate": d.val_size / (p.train.nproc * found.inference_images_per_s),
+        "evaluate": d.val_size * _views(p) / (p.train.nproc * found.inference_images_per_s),
         "start-up (processes, DVC, MLflow)": STARTUP_S,
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _views(p: Params) -> float:
+    """Inference work per val image in test-size views: 1, plus each test-time scale's area, doubled by flips."""
+    e = p.evaluate
+    if not e.tta:
+        return 1.0
+    views = 1 + sum((scale / p.model.min_size_test) ** 2 for scale in e.tta_scales)
+    return views * (2 if e.tta_flip else 1)
 
 
 def report(p: Params, *, params_file: str, run_probe: bool = True) -> dict:

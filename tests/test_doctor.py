@@ -49,7 +49,10 @@ def test_the_prediction_adds_up_the_parts_from_the_probe_rates(tiny_params):
     parts = doctor.predict_seconds(p, found)
     d, t = p.dataset, p.train
     assert parts["train"] == pytest.approx(t.max_iter * t.ims_per_batch / (t.nproc * 2.0 * doctor.PARALLEL))
-    assert parts["evaluate"] == pytest.approx(d.val_size / (t.nproc * 8.0))
+    # test-time augmentation: each extra scale costs its area relative to the test size, flips double it
+    for tta, scales, flip, views in ((False, [192], True, 1), (True, [192], False, 5), (True, [192, 96], True, 12)):
+        p.evaluate.tta, p.evaluate.tta_scales, p.evaluate.tta_flip = tta, scales, flip  # test size 96
+        assert doctor.predict_seconds(p, found)["evaluate"] == pytest.approx(d.val_size * views / (t.nproc * 8.0))
     assert parts["prepare"] == pytest.approx((d.train_size + d.val_size) * doctor.PREPARE_S_PER_IMAGE)
     faster = doctor.predict_seconds(p, doctor.Probe(4.0, 16.0, 3.0))
     assert faster["total"] < parts["total"] and faster["start-up (processes, DVC, MLflow)"] == doctor.STARTUP_S
