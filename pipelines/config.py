@@ -81,7 +81,7 @@ class Model:
     # auto | bf16 | fp16 | fp32: autocast of backbone and head (fp16 with a gradient scaler); auto: bf16
     # where the CPU or GPU has it natively, fp32 elsewhere (pipelines/hardware.py)
     precision: str = MISSING
-    channels_last: Any = MISSING  # auto | true | false; auto: on with bf16 or fp16 and on GPUs
+    channels_last: Any = MISSING  # auto | true | false; auto: on except for fp32 on AVX2 CPUs
     sync_batchnorm: bool = MISSING  # BatchNorm statistics over all processes (SyncBatchNorm; GPUs only)
     score_thresh: float = MISSING
     nms_thresh: float = MISSING

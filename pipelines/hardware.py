@@ -11,8 +11,9 @@ probe, so the same machine and environment always resolve the same way:
   (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``) is honoured, so a machine held to AVX2 resolves
   as an AVX2 machine does.
 * **Precision** ``auto``: bf16 where it is native (those CPUs, a CUDA device of compute
-  capability 8.0 or newer), fp32 elsewhere. **channels_last** ``auto``: on with bf16 or fp16 and on
-  GPUs, off for fp32 on the CPU, where it measured no faster (see ``benchmarks/precision.py``).
+  capability 8.0 or newer), fp32 elsewhere. **channels_last** ``auto``: on with bf16 or fp16, on
+  GPUs and on AVX-512 CPUs, off for fp32 on AVX2 CPUs, where it measured slower (see
+  ``benchmarks/precision.py``).
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ def resolve(precision: str, channels_last: bool | str, device: torch.device, *,
     """Resolve ``model.precision`` and ``model.channels_last`` (each may be ``auto``) for ``device``.
 
     ``auto`` precision is bf16 where it is native, fp32 elsewhere; ``auto`` channels_last is on for
-    bf16 or fp16 and on GPUs, off for fp32 on the CPU. An explicit value is kept (``source`` says
+    bf16 or fp16, on GPUs and for fp32 on AVX-512 CPUs, off for fp32 below AVX-512 (AVX2), where it
+    measured slower. An explicit value is kept (``source`` says
     where it comes from); explicit bf16 where it is emulated gets a ``warning`` naming the measured
     slowdown.
     """
@@ -188,7 +190,10 @@ def resolve(precision: str, channels_last: bool | str, device: torch.device, *,
         chosen, reason = ("bf16" if native else "fp32"), f"auto: {hardware}"
     else:
         chosen, reason = precision, f"{source}; {hardware}"
-    layout = (device.type == "cuda" or chosen != "fp32") if channels_last == "auto" else bool(channels_last)
+    if channels_last == "auto":  # measured in benchmarks/precision.py, docs/hardware.md
+        layout = device.type == "cuda" or chosen != "fp32" or torch.backends.cpu.get_cpu_capability() == "AVX512"
+    else:
+        layout = bool(channels_last)
     warning = None
     if chosen == "bf16" and not native:
         warning = (f"model.precision bf16: bf16 is emulated here ({hardware}); it measured "

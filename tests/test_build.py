@@ -93,7 +93,8 @@ def test_detector_follows_the_model_section(params):
 def test_compute_resolves_auto_from_the_hardware_and_keeps_explicit_values(params, monkeypatch):
     from pipelines import hardware
 
-    for native, expected in (("avx512_core_bf16", ("bf16", True)), (None, ("fp32", False))):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    for native, expected in (("avx2_vnni_2", ("bf16", True)), (None, ("fp32", False))):
         monkeypatch.setattr(hardware, "native_bf16_cpu", lambda native=native: native)
         resolved = build.compute(_with(params, "model", precision="auto", channels_last="auto"), CPU)
         assert (resolved.precision, resolved.channels_last) == expected and resolved.warning is None
