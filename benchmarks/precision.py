@@ -47,7 +47,7 @@ CLASSES = {
     "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
-CLASS_NAMES = {"native": "this machine as it is", "avx512": "held to AVX-512 without BF16",
+CLASS_NAMES = {"native": "this machine as the environment leaves it", "avx512": "held to AVX-512 without BF16",
                "avx2": "held to AVX2"}
 VARIANTS = (("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True))
 
@@ -79,8 +79,10 @@ def worker(batches_file: Path, params_file: str, augment: str | None, precision:
 
 
 def _run_worker(cls: str, batches_file: Path, args, precision: str, channels_last: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
-                                                            "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")}
+    env = dict(os.environ)
+    if CLASSES[cls]:  # a held class replaces any hold of the environment; native keeps the environment as it is
+        for key in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+            env.pop(key, None)
     env.update(CLASSES[cls], OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "benchmarks.precision", "--worker", str(batches_file), "--params", args.params,
                "--precision", precision, "--steps", str(args.steps), "--emulated-steps", str(args.emulated_steps)]
