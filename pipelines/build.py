@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import Params
+from .checkpoint import fingerprint as checkpoint_fingerprint
+from .config import Params, training_params
 from .data.autoaug.augment import ScaleAwareAutoAugment
 from .data.loader import make_test_loader, make_train_loader
 from .data.transforms import Compose, RandomHorizontalFlip, TestTimeAugmentation, build_transforms
@@ -44,6 +45,12 @@ def detector(p: Params, *, num_classes: int, compute: Compute, pretrained: bool 
                               detections_per_img=m.detections_per_img, topk_candidates=m.topk_candidates)
     except ConfigError as err:
         raise ConfigError(f"model.backbone_weights: {err}") from None
+
+
+def fingerprint(p: Params, compute: Compute, *, data: str) -> str:
+    """The resume fingerprint of a training run (:func:`pipelines.checkpoint.fingerprint`): the params that
+    change the weights, the resolved precision and layout, ``data`` (the training data's hash) and the code."""
+    return checkpoint_fingerprint(params={**training_params(p), **compute.as_params()}, data=data)
 
 
 def policy(p: Params) -> Policy | None:

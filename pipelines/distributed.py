@@ -60,7 +60,8 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def reduce_loss_dict(loss_dict: dict[str, torch.Tensor], *, flag: bool = False) -> tuple[dict[str, torch.Tensor], bool]:
+def reduce_loss_dict(loss_dict: dict[str, torch.Tensor], *,
+                     flag: bool = False) -> tuple[dict[str, torch.Tensor], bool]:
     """Average scalar losses across processes and learn whether any process raised ``flag``, in one
     all-reduce: ``(losses, any flag)``, the same on every process.
 

@@ -18,7 +18,7 @@ import shutil
 import torch
 
 from pipelines import build, checkpoint, cli, distributed
-from pipelines.config import load_params, to_flat_dict, training_params
+from pipelines.config import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data.preview import augmentation_preview
@@ -61,8 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         for folder, needed in ((work, 3 * model_bytes * (t.keep_checkpoints + 1)), (args.out, model_bytes),
                                (args.train_log.parent, 0), (args.preview.parent, 0)):
             check_writable(folder, needed_bytes=needed)
-    fingerprint = checkpoint.fingerprint(params={**training_params(p), **compute.as_params()},
-                                         data=json.dumps(cache.meta["arrays"]))
+    fingerprint = build.fingerprint(p, compute, data=json.dumps(cache.meta["arrays"]))
     checkpointer = checkpoint.Checkpointer(work, keep=t.keep_checkpoints, fingerprint=fingerprint,
                                            extra={"categories": cache.categories})
     state_file = work / "run.json"  # this attempt's run id, fingerprint and status; outputs/train/run.json at the end

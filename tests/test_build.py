@@ -263,3 +263,11 @@ def test_loop_settings_are_the_train_sections_keyword_arguments_of_the_loop(para
     assert settings == {"ims_per_batch": params.train.ims_per_batch, "log_period": params.train.log_period,
                         "checkpoint_period": params.train.checkpoint_period,
                         "clip_grad_norm": params.train.clip_grad_norm}
+
+
+def test_the_resolved_precision_and_layout_enter_the_resume_fingerprint(params):
+    """A checkpoint trained in another precision is set aside as a changed model is, never resumed."""
+    bf16, fp32 = Compute("bf16", True, "test"), Compute("fp32", True, "test")
+    assert build.fingerprint(params, bf16, data="d") == build.fingerprint(params, Compute("bf16", True, "other"), data="d")
+    assert build.fingerprint(params, bf16, data="d") != build.fingerprint(params, fp32, data="d")
+    assert build.fingerprint(params, fp32, data="d") != build.fingerprint(params, Compute("fp32", False, "t"), data="d")
