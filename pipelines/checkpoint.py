@@ -4,8 +4,9 @@ A training checkpoint ``model_<iteration>.pth`` holds the model, optimizer and s
 iteration reached, the run's *fingerprint* (a hash of everything that determines the weights:
 training params, the training data and the code, see :func:`fingerprint`) and the random generator
 states of every process. :class:`Checkpointer` writes them (keeping the newest few) and finds the
-one to resume from: the newest readable checkpoint with the same fingerprint. Checkpoints of a run
-with another fingerprint are set aside in ``previous/`` (one generation is kept), never loaded.
+one to resume from: the newest readable checkpoint with the same fingerprint, whatever else the
+folder says. Any other checkpoint file is set aside in ``previous/`` (one generation is kept), never
+loaded; a finished run removes its checkpoints.
 
 Files are written to a temporary name, flushed to disk and renamed: a process killed while writing
 leaves a ``.model_*.pth.*`` temporary file, which is never loaded and is removed at the next start.
@@ -130,11 +131,15 @@ class Checkpointer:
 
     Args:
         folder: where ``model_<iteration>.pth`` files go.
-        keep: how many of the newest checkpoints to keep (older ones are deleted after each save).
+        keep: how many of the run's newest checkpoints to keep (older ones are deleted after each save).
         fingerprint: the run's :func:`fingerprint`; only checkpoints with the same one are resumed.
         extra: more entries for every checkpoint (e.g. the categories, the MLflow run id).
 
-    :meth:`save` and :meth:`resume` are collective: every process calls them at the same iteration.
+    One rule decides what is resumed: the newest checkpoint in ``folder`` that loads, holds the
+    iteration its name says and has this fingerprint, whatever else the folder holds. Every other
+    ``model_*.pth`` (unreadable, another fingerprint, or appearing there during the run) is set aside
+    in ``previous/`` with a warning and never counted among the ``keep`` newest. :meth:`save` and
+    :meth:`resume` are collective: every process calls them at the same iteration.
     """
 
     def __init__(self, folder: str | Path, *, keep: int, fingerprint: str, extra: dict[str, Any] | None = None):
@@ -142,10 +147,12 @@ class Checkpointer:
         self.keep = keep
         self.fingerprint = fingerprint
         self.extra = dict(extra or {})
+        self._ours: list[tuple[int, Path]] = []  # this run's loadable checkpoints, oldest first (main process)
 
     def save(self, iteration: int, *, model: nn.Module, optimizer, scheduler, scaler=None) -> Path:
-        """Write the checkpoint of ``iteration`` (main process), then drop all but the newest ``keep``.
-        An enabled gradient ``scaler`` (fp16) is saved too."""
+        """Write the checkpoint of ``iteration`` (main process), then drop all of this run's but the newest
+        ``keep`` and set aside any checkpoint file that is not this run's. An enabled gradient ``scaler``
+        (fp16) is saved too."""
         rngs = distributed.gather_objects(rng_state())
         path = self.folder / f"model_{iteration:07d}.pth"
         if distributed.is_main_process():
@@ -153,58 +160,71 @@ class Checkpointer:
             save(path, model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(),
                  scheduler=scheduler.state_dict(), iteration=iteration, fingerprint=self.fingerprint, rng=rngs,
                  **scaled, **self.extra)
-            for _, old in checkpoints(self.folder)[: -self.keep]:
+            self._ours = sorted({*((i, p) for i, p in self._ours if p != path), (iteration, path)})
+            ours = {p for _, p in self._ours}
+            strangers = [p for _, p in checkpoints(self.folder) if p not in ours]
+            if strangers:
+                self._set_aside(strangers, "not written by this run", replace=False)
+            for _, old in self._ours[: -self.keep]:
                 old.unlink(missing_ok=True)
+            self._ours = self._ours[-self.keep:]
         return path
 
     def latest(self) -> tuple[Path, dict[str, Any]] | None:
-        """The newest readable checkpoint with this fingerprint, or ``None`` (main process only).
+        """The newest checkpoint to resume from (see the class), or ``None`` (main process only).
 
-        Removes temporary files of interrupted writes; sets aside the checkpoints if the newest
-        readable one has another fingerprint; skips, with a warning, any that cannot be read.
+        Removes temporary files of interrupted writes and sets every other checkpoint file aside.
         """
         for tmp in self.folder.glob(".model_*.pth.*"):
             tmp.unlink(missing_ok=True)
-        for _, path in reversed(checkpoints(self.folder)):
+        found, aside = None, {}
+        self._ours = []
+        for iteration, path in reversed(checkpoints(self.folder)):
             try:
                 state = load(path)
             except CheckpointError as err:
-                log.warning("%s; not resuming from it", err)
+                aside[path] = str(err).replace(str(path), path.name)
                 continue
-            if state.get("fingerprint") == self.fingerprint:
-                return path, state
-            self.set_aside("made with other training params, data or code")
-            return None
-        return None
-
-    def set_aside(self, why: str) -> None:
-        """Move the checkpoints to ``previous/`` (replacing what was there), saying ``why`` in one line."""
-        found = checkpoints(self.folder)
-        if not found:
-            return
-        aside = self.folder / SET_ASIDE
-        shutil.rmtree(aside, ignore_errors=True)
-        aside.mkdir(parents=True)
-        for _, path in found:
-            path.rename(aside / path.name)
-        log.warning("%s: %d checkpoint(s) %s moved to %s; training starts from iteration 0", self.folder, len(found),
-                    why, aside)
-
-    def resume(self, *, model: nn.Module, optimizer, scheduler, scaler=None,
-               interrupted: bool = True) -> tuple[int, dict[str, Any]]:
-        """Load the newest matching checkpoint into ``model``, ``optimizer``, ``scheduler`` (and ``scaler``) and this
-        process's random generators; return ``(iteration, checkpoint extras)``, ``(0, {})`` if none.
-
-        Only an ``interrupted`` run (as the main process knows it) is resumed; a new one sets the
-        checkpoints of the one before aside. The main process reads the file and sends the states to
-        the others, so only its node needs the folder.
-        """
-        found = None
-        if distributed.is_main_process():
-            if interrupted:
-                found = self.latest()
+            if state.get("fingerprint") != self.fingerprint:
+                aside[path] = f"{path.name}: made with other training params, data or code"
+            elif state.get("iteration") != iteration:
+                aside[path] = f"{path.name}: holds iteration {state.get('iteration')}, not the one its name says"
             else:
-                self.set_aside("of the run before")
+                self._ours.insert(0, (iteration, path))
+                found = found or (path, state)
+        if aside:
+            why = next(iter(aside.values())) if len(aside) == 1 else "; ".join(sorted(aside.values())[:3])
+            self._set_aside(list(aside), f"not resumable ({why})", replace=True)
+        if found is None and aside:
+            log.warning("%s: no resumable checkpoint; training starts from iteration 0", self.folder)
+        return found
+
+    def _set_aside(self, paths: list[Path], why: str, *, replace: bool) -> None:
+        """Move ``paths`` to ``previous/`` (emptied first where ``replace``), saying ``why`` in one line."""
+        aside = self.folder / SET_ASIDE
+        if replace:
+            shutil.rmtree(aside, ignore_errors=True)
+        aside.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            path.rename(aside / path.name)
+        log.warning("%s: %d checkpoint file(s) set aside in %s: %s", self.folder, len(paths), aside, why)
+
+    def finish(self) -> None:
+        """The run is over (its final model written): remove its checkpoints and what was set aside, so
+        that running it again trains from iteration 0 (main process)."""
+        if distributed.is_main_process():
+            for _, path in checkpoints(self.folder):
+                path.unlink(missing_ok=True)
+            shutil.rmtree(self.folder / SET_ASIDE, ignore_errors=True)
+            self._ours = []
+
+    def resume(self, *, model: nn.Module, optimizer, scheduler, scaler=None) -> tuple[int, dict[str, Any]]:
+        """Load the checkpoint :meth:`latest` finds into ``model``, ``optimizer``, ``scheduler`` (and ``scaler``)
+        and this process's random generators; return ``(iteration, checkpoint extras)``, ``(0, {})`` if none.
+
+        The main process reads the file and sends the states to the others, so only its node needs the folder.
+        """
+        found = self.latest() if distributed.is_main_process() else None
         state = distributed.broadcast_object(found[1] if found else None)
         if state is None:
             return 0, {}

@@ -6,15 +6,17 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import PipelineError
+from .errors import STOP_SIGNALS, PipelineError, Stopped
 
 DEBUG_ENV = "PIPELINES_DEBUG"
-LAUNCHED_ENV = "PIPELINES_LAUNCHED"  # set by pipelines.launch for the processes it starts
+LAUNCHED_ENV = "PIPELINES_LAUNCHED"  # the launcher's pid, set by pipelines.launch for the processes it starts
 
 
 def parse_args(description: str, argv: list[str] | None, *, params: bool = True, **paths: str) -> argparse.Namespace:
@@ -43,14 +45,22 @@ def setup_logging(rank: int = 0) -> None:
 def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
     """Run a stage's ``main``; an error becomes one line, ``error: <message>``, and an exit code.
 
-    A :class:`PipelineError` exits with its ``exit_code`` (2, or 143 for a stop by SIGTERM); any other
+    A :class:`PipelineError` exits with its ``exit_code`` (2, or 128 + the signal's number for a stop by
+    SIGTERM, SIGINT or SIGHUP, which every stage reads alike); any other
     exception with 1, its type named and no traceback. ``PIPELINES_DEBUG=1`` re-raises instead.
     Under torchrun or :mod:`pipelines.launch`, the failing process also writes the line to the error
     file torchrun names (``TORCHELASTIC_ERROR_FILE``); under the launcher only the launcher prints it
-    (once, for the whole group), otherwise rank 0 does.
+    (once, for the whole group), otherwise rank 0 does. A process that the launcher started dies with
+    it (:func:`pipelines.lifetime.die_with_launcher`).
     """
     rank = int(os.environ.get("RANK", "0"))
+    launcher = os.environ.get(LAUNCHED_ENV, "")
+    if launcher.isdigit():
+        from .lifetime import die_with_launcher
+
+        die_with_launcher(int(launcher))
     setup_logging(rank)
+    stop, previous = _stop_on_signals()
     try:
         main(argv)
     except (PipelineError, Exception) as err:
@@ -64,8 +74,24 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
         if rank == 0 and not os.environ.get(LAUNCHED_ENV):
             print(f"error: {line}", file=sys.stderr)
         sys.exit(code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a SIGINT that came while another handler was in place
         sys.exit(130)
+    finally:
+        for signum, handler in previous.items():  # those the stage did not replace with its own
+            if signal.getsignal(signum) is stop:
+                signal.signal(signum, handler)
+
+
+def _stop_on_signals():
+    """Make SIGTERM, SIGINT and SIGHUP alike: each raises :class:`Stopped` (``error: stopped by SIGINT``,
+    exit code 128 + its number) unless the stage installs its own (training stops at an iteration
+    boundary after a checkpoint). Returns the handler and those it replaced (none off the main thread)."""
+    def stop(signum, _frame):
+        raise Stopped(f"stopped by {signal.Signals(signum).name}", signum=signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return stop, {}
+    return stop, {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
 
 
 def _first_line(err: Exception) -> str:

@@ -2,7 +2,7 @@
 
 The loop checks the losses every iteration on every process (averaged across processes, so all
 stop together): a non-finite loss stops training with the iteration and the loss component named,
-and no checkpoint is written after it. A stop request (SIGTERM, see :class:`StopRequest`) is agreed
+and no checkpoint is written after it. A stop request (SIGTERM, SIGINT or SIGHUP, see :class:`StopRequest`) is agreed
 on by all processes at the next iteration boundary, which is checkpointed before the loop stops.
 """
 
@@ -22,7 +22,7 @@ from tqdm import tqdm
 from . import distributed
 from .checkpoint import Checkpointer
 from .data.collate import Batch
-from .errors import Stopped, TrainingError
+from .errors import STOP_SIGNALS, Stopped, TrainingError
 from .fileio import atomic_file
 from .tracking import Tracker
 
@@ -68,19 +68,24 @@ class MetricLog:
 
 
 class StopRequest:
-    """Set by SIGTERM (or :meth:`set`); the loop stops at the next iteration boundary once any process has it."""
+    """Set by SIGTERM, SIGINT or SIGHUP (or :meth:`set`); the loop stops at the next iteration boundary
+    once any process has it, after a checkpoint. The three read the same: a scheduler's preemption,
+    Ctrl-C in a terminal (which signals the whole process group) and a closed terminal."""
 
     def __init__(self):
         self._event = threading.Event()
         self.signal_name = "a stop request"
+        self.signum = signal.SIGTERM
 
-    def install(self, signum: int = signal.SIGTERM) -> "StopRequest":
-        """Handle ``signum`` by setting the request instead of dying (main thread only)."""
+    def install(self, signums: tuple[int, ...] = STOP_SIGNALS) -> "StopRequest":
+        """Handle ``signums`` by setting the request instead of dying (main thread only)."""
         def handler(received, _frame):
-            self.signal_name = signal.Signals(received).name
+            if not self._event.is_set():
+                self.signal_name, self.signum = signal.Signals(received).name, received
             self._event.set()
 
-        signal.signal(signum, handler)
+        for signum in signums:
+            signal.signal(signum, handler)
         return self
 
     def set(self) -> None:
@@ -186,7 +191,7 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
             metric_log.close()
             where = f"; checkpoint {last_checkpoint}" if last_checkpoint else ""
             raise Stopped(f"training stopped by {stop.signal_name} at iteration {iteration}{where}; "
-                          "run the stage again to resume")
+                          "run the stage again to resume", signum=stop.signum)
     progress.close()
     metric_log.close()
     if iteration != max_iter:

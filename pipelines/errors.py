@@ -4,6 +4,8 @@ Every message is one line that names the offending file, field or parameter and 
 expected. Stages print it without a traceback (see :mod:`pipelines.cli`).
 """
 
+import signal
+
 
 class PipelineError(Exception):
     """Base class of the errors a user can cause and fix; the process exits with ``exit_code``."""
@@ -39,10 +41,16 @@ class OutputError(PipelineError):
     """An output folder cannot be written: not a folder, not writable, or not enough free space."""
 
 
-class Stopped(PipelineError):
-    """Training was asked to stop (SIGTERM) and did so at an iteration boundary, after a checkpoint."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # read alike everywhere: stop, keep the work
 
-    exit_code = 128 + 15
+
+class Stopped(PipelineError):
+    """Training was asked to stop (SIGTERM, SIGINT or SIGHUP) and did so at an iteration boundary, after a
+    checkpoint; the exit code is 128 + the signal's number, as a shell reports a process the signal killed."""
+
+    def __init__(self, message: str, *, signum: int = 15):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
 
 
 class ImageError(DatasetError):

@@ -18,25 +18,31 @@ gloo on CPU, NCCL on GPU. What it adds is the way failures read:
   run (torchrun's agent forwards it and they stop at an iteration boundary) or while they finish,
   ``error: stopped by SIGTERM`` and exit code 128 + the signal number. Once every process has
   succeeded (or the stop is reported), the signals are ignored: the work is done and the exit code
-  says so (0), where Python's interpreter shutdown would otherwise die silently by the signal.
+  says so (0), where Python's interpreter shutdown would otherwise die silently by the signal;
+* nothing outlives it: the processes it starts die (SIGKILL) the moment it dies, however it dies,
+  and a launcher that DVC started dies the moment ``dvc`` does (:mod:`pipelines.lifetime`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
 import uuid
+from pathlib import Path
 
-from . import cli
+from . import cli, lifetime
 from .config import load_params
-from .errors import PipelineError, Stopped
+from .errors import STOP_SIGNALS, PipelineError, Stopped
 
 log = logging.getLogger("launch")
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+LOGS_PREFIX = "torchelastic_pipelines_"
+STOPPED_CODES = {code for signum in STOP_SIGNALS for code in (-signum, 128 + signum)}
 
 
 class _Signalled(Stopped):
@@ -61,12 +67,13 @@ def root_cause(failures: dict) -> tuple[int, object]:
     """The ``(rank, ProcessFailure)`` that explains a failed group.
 
     A user error first; then a process killed by a signal (its peers then fail with connection
-    errors); then an unexpected error; SIGTERM, which the agent sends to stop the others, last. Among
-    equals the earliest, then the lowest rank.
+    errors); then an unexpected error; a process stopped by SIGTERM (which the agent sends to stop the
+    others), SIGINT or SIGHUP, dead of it or exited with 128 + its number, last. Among equals the
+    earliest, then the lowest rank.
     """
     def key(item):
         rank, failure = item
-        if failure.exitcode == -signal.SIGTERM:
+        if failure.exitcode in STOPPED_CODES:  # stopped by the agent (or a stop signal), not the cause
             kind = 3
         elif failure.exitcode < 0:
             kind = 1
@@ -104,7 +111,7 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
             if name.startswith("torch.distributed.elastic"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each process sets its own thread count
-    os.environ[cli.LAUNCHED_ENV] = "1"  # processes leave the reporting to the launcher
+    os.environ[cli.LAUNCHED_ENV] = str(os.getpid())  # processes leave the reporting to the launcher, and die with it
     # Each round of processes gets a store of its own (hosted by its rank 0): with the agent's store
     # shared across rounds, the processes of a restarted group read the previous round's gloo
     # addresses and fail to connect (torch 2.14; measured: every restart failed).
@@ -112,8 +119,10 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
     if nodes == 1:
         rdzv_endpoint, rdzv_id = "localhost:0", str(uuid.uuid4())
     # The agent keeps the processes' error files in a folder of its own (torchelastic_* in the
-    # temporary folder) that it never removes: give it one that goes when the launch ends.
-    with tempfile.TemporaryDirectory(prefix="torchelastic_", ignore_cleanup_errors=True) as logs:
+    # temporary folder) that it never removes: give it one that goes when the launch ends, named by
+    # this launcher's pid so that the next launch removes it where this one was killed.
+    _remove_stale_log_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{LOGS_PREFIX}{os.getpid()}_", ignore_cleanup_errors=True) as logs:
         config = LaunchConfig(min_nodes=nodes, max_nodes=nodes, nproc_per_node=nproc, run_id=rdzv_id,
                               rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts,
                               logs_specs=DefaultLogsSpecs(log_dir=logs))
@@ -133,6 +142,16 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
             return 128 + int(err.sigval)
     _ignore_stop_signals()  # done: a late signal changes nothing
     return 0
+
+
+def _remove_stale_log_folders() -> None:
+    """Remove the agents' log folders that launchers killed without a chance to clean up left behind
+    (this user's, whose launcher pid is gone)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{LOGS_PREFIX}*_*"):
+        pid = folder.name[len(LOGS_PREFIX):].split("_")[0]
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and folder.stat().st_uid == os.getuid() and not lifetime.alive(int(pid)):
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _ignore_stop_signals() -> None:
@@ -164,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("module", help="the stage module, e.g. stages.train")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the module's arguments")
     args = parser.parse_args(argv)
+    if os.environ.get("DVC_STAGE"):  # started by DVC: once dvc is gone, so is the stage's lock
+        lifetime.die_with(lifetime.owner_beyond_shells())
     for signum in STOP_SIGNALS:  # until torchrun's agent installs its own (which raise SignalException)
         signal.signal(signum, _raise_signalled)
     p = load_params(args.params)

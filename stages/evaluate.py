@@ -20,7 +20,7 @@ from pipelines import build, checkpoint, cli, distributed
 from pipelines.config import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
-from pipelines.errors import CheckpointError
+from pipelines.errors import CheckpointError, Stopped
 from pipelines.evaluation import coco_evaluate, predict
 from pipelines.fileio import write_json
 from pipelines.hardware import Compute, resolve
@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
         if gathered is not None:
             _report(p, args, [d for part in gathered for d in part], tracker, training_run_id,
                     step=state.get("iteration", 0), images=len(cache))
+    except Stopped:
+        tracker.finish("KILLED")
+        raise
     except BaseException:
         tracker.finish("FAILED")
         raise

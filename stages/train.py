@@ -3,8 +3,10 @@
 Its first line says how the model computes (``model.precision`` and ``model.channels_last``, with
 ``auto`` resolved from the hardware) and why. Resumes exactly: a run that was killed or stopped
 continues from the newest checkpoint with the same fingerprint (training params, resolved precision,
-data and code) and gives the weights an uninterrupted run gives, in
-the same MLflow run. ``<out>/checkpoints/`` is the working folder (checkpoints, and this attempt's
+data and code), whatever the run file says, and gives the weights an uninterrupted run gives, in the
+same MLflow run (a new one linked to it where the run file was lost). A finished run removes its
+checkpoints, so running it again trains from iteration 0. Rank 0 holds a lock on the folder: a
+second trainer on the same outputs is refused. ``<out>/checkpoints/`` is the working folder (checkpoints, and this attempt's
 log, preview and ``run.json``); the outputs (final model, training log, preview, ``run.json``)
 replace the previous ones only when training has finished; until then the previous ones stay.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 
 import torch
@@ -24,13 +27,17 @@ from pipelines.data.dataset import DetectionDataset
 from pipelines.data.preview import augmentation_preview
 from pipelines.engine import MetricLog, StopRequest, train
 from pipelines.errors import Stopped
-from pipelines.fileio import atomic_file, check_writable
+from pipelines.fileio import atomic_file, check_writable, remove_temporaries
+from pipelines.lifetime import FolderLock
 from pipelines.hardware import Compute
 from pipelines.tracking import (NOTE_TAG, Tracker, close_run, default_params, read_run_file, run_name, stage_tags,
                                 training_note, write_run_file)
 
 log = logging.getLogger("train")
 PREVIEW_SAMPLES = 6
+RUN_ID_KEY = "mlflow_run_id"  # in every checkpoint: the MLflow run that wrote it
+FINGERPRINT_TAG = "train.fingerprint"  # on every training run
+CONTINUES_TAG = "train.continues_run"  # on a run that resumed another run's checkpoint (its run file was lost)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,7 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = build.optimizer(p, model)
     scheduler = build.scheduler(p, optimizer)
     work = args.out / "checkpoints"  # persistent: checkpoints, and this run's log and preview until it ends
-    if main_process:
+    if main_process:  # one trainer per folder; then nothing else writes the outputs' temporary files
+        FolderLock(work, job=os.environ.get("TORCHELASTIC_RUN_ID", "")).acquire()
+        remove_temporaries(args.out / "model_final.pth", args.out / "run.json", args.train_log, args.preview)
         model_bytes = sum(x.numel() * x.element_size() for x in model.state_dict().values())
         for folder, needed in ((work, 3 * model_bytes * (t.keep_checkpoints + 1)), (args.out, model_bytes),
                                (args.train_log.parent, 0), (args.preview.parent, 0)):
@@ -66,20 +75,19 @@ def main(argv: list[str] | None = None) -> None:
                                            extra={"categories": cache.categories})
     state_file = work / "run.json"  # this attempt's run id, fingerprint and status; outputs/train/run.json at the end
     previous = read_run_file(state_file) if main_process else {}
-    interrupted = previous.get("status") == "running"
     scaler = build.grad_scaler(compute, device)
-    start_iter, _ = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                                        interrupted=interrupted)
+    start_iter, extras = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     loader = build.train_loader(p, dataset, rank=rank, world_size=world_size, device=device, start_iter=start_iter)
     model = build.data_parallel(p, model, device=device, world_size=world_size)
     log.info("%d images, %d classes, %.1fM parameters, %d processes on %s, batch %d, iterations %d to %d",
              len(dataset), len(cache.categories), sum(x.numel() for x in model.parameters()) / 1e6,
              world_size, device.type, t.ims_per_batch, start_iter, t.max_iter)
 
-    tracker, tracked_until = _tracker(p, compute, previous, fingerprint, resumed=start_iter > 0,
-                                      main_process=main_process,
+    tracker, tracked_until = _tracker(p, compute, previous, fingerprint, resumed_run=extras.get(RUN_ID_KEY, ""),
+                                      resumed=start_iter > 0, main_process=main_process,
                                       tags=stage_tags("train", params_file=args.params, cache=args.cache)
                                       if main_process else {})
+    checkpointer.extra[RUN_ID_KEY] = tracker.run_id or ""
     preview, train_log = work / args.preview.name, work / args.train_log.name
     if start_iter == 0:
         train_log.unlink(missing_ok=True)
@@ -120,28 +128,34 @@ def main(argv: list[str] | None = None) -> None:
         for path in (state_file, args.out / "run.json"):
             write_run_file(path, run_id=tracker.run_id, experiment=p.tracking.experiment, fingerprint=fingerprint,
                            status="finished")
-        shutil.rmtree(work / checkpoint.SET_ASIDE, ignore_errors=True)  # the run before is no longer needed
+        checkpointer.finish()  # the final model is the output: running the stage again starts from 0
         tracker.finish()
     distributed.shutdown()
 
 
-def _tracker(p, compute: Compute, previous: dict, fingerprint: str, *, resumed: bool, main_process: bool,
-             tags: dict[str, str]) -> tuple[Tracker, int]:
-    """The MLflow training run: the interrupted one when resuming (and the last step it has), else a new
-    one with ``tags``, every param but the ``evaluate`` section's (evaluation runs record those), the
-    resolved ``compute`` and a readable name.
+def _tracker(p, compute: Compute, previous: dict, fingerprint: str, *, resumed_run: str, resumed: bool,
+             main_process: bool, tags: dict[str, str]) -> tuple[Tracker, int]:
+    """The MLflow training run, and the last step it has.
 
-    ``previous`` is the run file of the start before. A run that it left RUNNING and that is not
-    continued is closed as KILLED.
+    Resuming (``resumed``, from a checkpoint that ``resumed_run`` wrote), it continues the run that the
+    run file of the start before (``previous``) names, where that file agrees: same run, same
+    fingerprint, left RUNNING. Otherwise a new run with ``tags``, the fingerprint, every param but the
+    ``evaluate`` section's (evaluation runs record those), the resolved ``compute`` and a readable name;
+    a resumed one is linked to the run it continues (tag :data:`CONTINUES_TAG`). A run left RUNNING that
+    is not continued is closed as KILLED.
     """
     if not main_process:
         return Tracker(), 0
-    interrupted = previous.get("status") == "running" and previous.get("run_id")
-    if resumed and interrupted and previous.get("fingerprint") == fingerprint:
-        tracker = Tracker.resume(previous["run_id"])
+    interrupted = previous.get("run_id") if previous.get("status") == "running" else None
+    if (resumed and interrupted and previous.get("fingerprint") == fingerprint
+            and resumed_run in ("", interrupted)):
+        tracker = Tracker.resume(interrupted)
         return tracker, tracker.last_step("train/loss")
-    if interrupted:
-        close_run(previous["run_id"], "KILLED")
+    for run_id in {interrupted, resumed_run} - {None, ""}:
+        close_run(run_id, "KILLED")
+    tags = {**tags, FINGERPRINT_TAG: fingerprint}
+    if resumed:
+        tags[CONTINUES_TAG] = resumed_run or "unknown (a checkpoint without a run id)"
     params = {k: v for k, v in to_flat_dict(p).items() if not k.startswith("evaluate.")}
     tracker = Tracker.start(experiment=p.tracking.experiment, params={**params, **compute.as_params()}, tags=tags,
                             run_name=run_name("train", params, default_params()))

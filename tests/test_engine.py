@@ -1,6 +1,7 @@
 """The training step and loop on a tiny model: what one step does, checkpoints, an early end, the log."""
 
 import csv
+import shutil
 import math
 
 import pytest
@@ -127,6 +128,36 @@ def test_an_unreadable_checkpoint_is_skipped_for_the_one_before(tmp_path):
     (tmp_path / "model_0000004.pth").write_bytes(b"not a checkpoint")
     start, _ = _checkpointer(tmp_path).resume(model=model, optimizer=optimizer, scheduler=scheduler)
     assert start == 2
+
+
+def test_pruning_counts_only_this_runs_loadable_checkpoints(tmp_path):
+    """A planted unreadable file, named as the newest, is set aside, never kept as one of the newest two;
+    neither is a copy whose name gives another iteration, nor a file that appears during the run."""
+    model, optimizer, scheduler = _setup()
+    with pytest.raises(RuntimeError, match="ended at iteration 5"):  # killed after iteration 5
+        train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=12, ims_per_batch=2,
+              checkpoint_period=2, checkpointer=_checkpointer(tmp_path))
+    (tmp_path / "model_0000007.pth").write_bytes(b"not a checkpoint")
+    shutil.copyfile(tmp_path / "model_0000002.pth", tmp_path / "model_0000003.pth")
+    model, optimizer, scheduler = _setup()
+    checkpointer = _checkpointer(tmp_path, keep=2)
+    start, _ = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler)
+    assert start == 4
+    assert sorted(p.name for p in (tmp_path / "previous").iterdir()) == ["model_0000003.pth", "model_0000007.pth"]
+
+    class Planting(list):  # plants a stranger once the run has gone on
+        def __iter__(self):
+            for i, batch in enumerate(list.__iter__(self)):
+                if i == 1:
+                    (tmp_path / "model_0000099.pth").write_bytes((tmp_path / "model_0000004.pth").read_bytes())
+                yield batch
+
+    train(model, Planting(_batches(12)[4:11]), optimizer, scheduler, device=torch.device("cpu"), start_iter=4,
+          max_iter=11, ims_per_batch=2, checkpoint_period=2, checkpointer=checkpointer)
+    assert sorted(p.name for p in tmp_path.glob("model_*.pth")) == ["model_0000008.pth", "model_0000010.pth"]
+    assert (tmp_path / "previous" / "model_0000099.pth").is_file()
+    checkpointer.finish()  # the run is over: nothing left to resume, nothing set aside
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_a_non_finite_loss_stops_training_naming_iteration_and_component(tmp_path):

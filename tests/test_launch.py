@@ -33,9 +33,11 @@ def _launch(params, *args, debug=False, timeout=120, tmpdir=None):
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _start(params, *args) -> subprocess.Popen:
+def _start(params, *args, tmpdir=None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("PIPELINES_DEBUG", "PIPELINES_LAUNCHED")}
     env["PYTHONPATH"] = str(REPO)
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     return subprocess.Popen([sys.executable, "-m", "pipelines.launch", "--params", str(params), *args], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -101,18 +103,66 @@ def test_bad_params_stop_before_any_process_starts(params, tmp_path):
                                    "processes (train.nproc = 2), got 7")
 
 
-def test_sigterm_while_the_group_runs_stops_it_in_one_line(params):
-    launcher = _start(params, "tests.launch_probe", "--fail", "sleep")
+def _workers(launcher: subprocess.Popen) -> list[int]:
     deadline = time.monotonic() + 60
     while len(workers := _children(launcher.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(workers) == 2
     time.sleep(2)  # both have started
-    launcher.send_signal(signal.SIGTERM)
+    return workers
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_while_the_group_runs_stops_it_in_one_line(params, signum):
+    launcher = _start(params, "tests.launch_probe", "--fail", "sleep")
+    workers = _workers(launcher)
+    launcher.send_signal(signum)
     stdout, stderr = launcher.communicate(timeout=60)
-    assert launcher.returncode == 128 + signal.SIGTERM
-    assert _error_lines(subprocess.CompletedProcess([], 0, stdout, stderr)) == ["error: stopped by SIGTERM"]
+    assert launcher.returncode == 128 + signum
+    assert _error_lines(subprocess.CompletedProcess([], 0, stdout, stderr)) == [f"error: stopped by {signum.name}"]
     assert not any(_alive(pid) for pid in workers)  # the launcher stopped the processes it started
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(map(_alive, pids))
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_processes_with_it(params, tmp_path):
+    """What the OOM killer does: the launcher cannot stop anyone, so its processes must die by themselves,
+    at once; the agent's log folder that it could not remove goes at the next launch."""
+    launcher = _start(params, "tests.launch_probe", "--fail", "sleep", tmpdir=tmp_path)
+    workers = _workers(launcher)
+    launcher.kill()
+    launcher.wait(timeout=10)
+    assert _gone_within(workers, 5)
+    assert [p.name.split("_")[2] for p in tmp_path.glob("torchelastic_*")] == [str(launcher.pid)]
+    done = _launch(params, "tests.launch_probe", "--fail", "none", tmpdir=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list(tmp_path.glob("torchelastic_*"))
+
+
+def test_a_launcher_started_by_dvc_dies_with_dvc(params, tmp_path):
+    """DVC runs a stage's command through ``$SHELL -c``; once ``dvc`` is gone (and with it the stage's
+    lock) the launcher and its processes go too. A stand-in for dvc that sets ``DVC_STAGE`` as dvc does."""
+    command = f"{sys.executable} -m pipelines.launch --params {params} tests.launch_probe --fail sleep"
+    env = {k: v for k, v in os.environ.items() if k not in ("PIPELINES_DEBUG", "PIPELINES_LAUNCHED")}
+    dvc = subprocess.Popen([sys.executable, "-c", f"import subprocess; subprocess.run(['sh', '-c', {command!r} + '; true'])"],
+                           cwd=REPO, env={**env, "PYTHONPATH": str(REPO), "DVC_STAGE": "train", "TMPDIR": str(tmp_path)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # dvc -> sh (which waits: the '; true') -> launcher -> 2 processes
+        family = [pid for shell in _children(dvc.pid) for pid in _children(shell)]
+        family += [pid for launcher in family for pid in _children(launcher)]
+        if len(family) == 3:
+            break
+        time.sleep(0.1)
+    assert len(family) == 3
+    time.sleep(2)
+    dvc.kill()
+    dvc.wait(timeout=10)
+    assert _gone_within(family, 5)
 
 
 def test_a_late_sigterm_is_never_a_silent_death(params, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import signal
 
 import numpy as np
 import torch
@@ -26,6 +27,11 @@ def _worker_init(seed: int, rank: int):
         np.random.seed(worker_seed)
         torch.manual_seed(worker_seed)
         torch.set_num_threads(1)
+        # A stop signal sent to the whole process group (Ctrl-C in a terminal, a scheduler's SIGTERM)
+        # is for the training process, which stops at an iteration boundary and checkpoints: a worker
+        # dying of it first would break that step. Workers end with their loader (or their parent).
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
 
     return init
 
