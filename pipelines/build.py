@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .checkpoint import fingerprint as checkpoint_fingerprint
-from .config import Params, training_params
+from .config import Params, registry, training_params
 from .data.autoaug.augment import ScaleAwareAutoAugment
 from .data.loader import make_test_loader, make_train_loader
 from .data.transforms import Compose, RandomHorizontalFlip, TestTimeAugmentation, build_transforms
@@ -65,16 +65,23 @@ def augmentation(p: Params):
     ``none``: nothing; ``flip``: horizontal flip with ``hflip_prob``; ``sa_autoaug``: the flip, then
     Scale-aware AutoAugment ramped over ``train.max_iter`` iterations.
     """
+    return AUGMENTATIONS[p.augment.name](p)
+
+
+def _flip(p: Params) -> RandomHorizontalFlip:
+    return RandomHorizontalFlip(p.augment.hflip_prob)
+
+
+def _sa_autoaug(p: Params) -> Compose:
     a = p.augment
-    if a.name == "none":
-        return None
-    flip = RandomHorizontalFlip(a.hflip_prob)
-    if a.name == "flip":
-        return flip
     autoaug = ScaleAwareAutoAugment(policy(p), scale_splits=a.scale_splits, box_prob=a.box_prob,
                                     max_iter=p.train.max_iter, filler_cache_mb=a.filler_cache_mb,
                                     filler_pool=a.filler_pool, filler_pool_iters=a.filler_pool_iters)
-    return Compose([flip, autoaug])
+    return Compose([_flip(p), autoaug])
+
+
+# augment.name: the names config validation accepts are these keys (config.registry).
+AUGMENTATIONS = registry("augment.name", {"none": lambda p: None, "flip": _flip, "sa_autoaug": _sa_autoaug})
 
 
 def train_transforms(p: Params, *, augment: bool = True) -> Compose:

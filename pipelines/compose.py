@@ -1,34 +1,84 @@
 """Compose ``conf/`` into ``params.yaml`` exactly as ``dvc exp run`` does (DVC's Hydra support).
 
 ``dvc repro`` never composes; after editing ``conf/`` run ``python -m pipelines.compose`` (with
-optional Hydra overrides such as ``model=fcos_r50``) or use ``dvc exp run -S ...``.
+optional Hydra overrides such as ``model=fcos_r50``) or use ``dvc exp run -S ...``. The result is
+validated as every stage validates ``params.yaml`` and written only if valid, in one rename: a failed
+compose leaves the previous file as it was. Errors are one line, ``error: ...``, exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 from pathlib import Path
 
+from . import cli
+from .config import params_from_text, parse_yaml, read_yaml_text
+from .errors import ConfigError, OutputError
+from .fileio import atomic_file
+
 
 def compose_params(root: str | Path = ".", overrides: list[str] | None = None) -> str:
-    """The YAML text that DVC would write to ``params.yaml`` for these overrides."""
+    """The YAML text that DVC would write to ``params.yaml`` for these overrides.
+
+    Raises:
+        ConfigError: a YAML file of ``conf/`` is malformed or expands without bound (``FILE:LINE:COL: ...``),
+            or Hydra cannot compose (an unknown option or key, a malformed override), in one line.
+    """
     from dvc.utils.hydra import compose_and_dump
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     root = Path(root).resolve()
+    conf = root / "conf"
+    for path in sorted(conf.rglob("*.yaml")):  # Hydra would expand an alias bomb before anything sees it
+        parse_yaml(read_yaml_text(path), str(path.relative_to(root)))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "params.yaml"
-        compose_and_dump(out, str(root / "conf"), None, "config", str(root), list(overrides or []))
+        try:
+            compose_and_dump(out, str(conf), None, "config", str(root), list(overrides or []))
+        except (HydraException, OmegaConfBaseException) as err:
+            override = getattr(err, "override", None)  # a malformed override names itself
+            where = f"override {override!r}: " if isinstance(override, str) and override else ""
+            raise ConfigError(f"conf/: {where}{_one_line(err)}") from None
         return out.read_text()
+
+
+def _one_line(err: Exception) -> str:
+    """Hydra's message in one line: its list of options joined, the search path and links left out."""
+    parts: list[str] = []
+    for line in str(err).splitlines():
+        line = line.strip()
+        if line.startswith("Config search path") or line.startswith("full_key:"):
+            break
+        if not line or line.startswith("See https://"):
+            continue
+        if parts and parts[-1].endswith("."):
+            parts[-1] = parts[-1][:-1]
+        if parts and parts[-1].endswith(":"):
+            parts[-1] += " " + line
+        elif parts and parts[-1].startswith("Available options") and not line.endswith(":"):
+            parts[-1] += ", " + line
+        else:
+            parts.append(line)
+    text = "; ".join(parts) or type(err).__name__
+    return re.sub(r"\s+", " ", text)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=fcos_r50 train.base_lr=0.002")
-    parser.add_argument("--out", default="params.yaml")
+    parser.add_argument("--out", default="params.yaml", type=Path)
     args = parser.parse_args(argv)
-    Path(args.out).write_text(compose_params(".", args.overrides))
+    text = compose_params(".", args.overrides)
+    params_from_text(text, source=f"{args.out} (composed from conf/)")
+    try:
+        with atomic_file(args.out) as tmp:
+            tmp.write_text(text)
+    except OSError as err:
+        raise OutputError(f"{args.out}: cannot be written ({err.strerror or err})") from None
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -9,11 +9,18 @@ The schemas carry no defaults of their own: ``conf/`` is the single source of va
 from __future__ import annotations
 
 import dataclasses
+import functools
+import io
+import math
 import re
+import sys
+import typing
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
+import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigKeyError,
@@ -65,6 +72,8 @@ DATASETS: dict[str, type] = {"synthetic": SyntheticDataset, "coco": CocoDataset}
 
 @dataclass
 class Model:
+    # The model preset the section is, conf/model/<name>.yaml: a label (MLflow records it) that validation
+    # holds to the section's network (see _check_model_name)
     name: str = MISSING
     backbone: str = MISSING  # resnet18 | resnet34 | resnet50 | resnet101
     norm: str = MISSING  # batchnorm | groupnorm | frozen_batchnorm (the last only with backbone_weights)
@@ -171,15 +180,64 @@ class Params:
     dataset: Any = None  # SyntheticDataset | CocoDataset, chosen by dataset.name
 
 
+# Names that select code. Validation checks against these tuples; the modules that select build their
+# registries (dicts of what each name runs) keyed by exactly these names through :func:`registry`, so the
+# two cannot drift apart. They live here because this module may not import those (they import torch).
+BACKBONES = ("resnet10", "resnet18", "resnet34", "resnet50", "resnet101")  # pipelines.model.BACKBONES
+NORMS = ("batchnorm", "groupnorm", "frozen_batchnorm")  # pipelines.model.NORM_LAYERS
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")  # pipelines.hardware.PRECISIONS
+AUGMENTATIONS = ("none", "flip", "sa_autoaug")  # pipelines.build.AUGMENTATIONS
+OPTIMIZERS = ("sgd", "adamw")  # pipelines.solver.OPTIMIZERS
+LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
+EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS
+
 CHOICES = {
-    "model.backbone": ("resnet10", "resnet18", "resnet34", "resnet50", "resnet101"),
-    "model.norm": ("batchnorm", "groupnorm", "frozen_batchnorm"),
-    "model.precision": ("auto", "bf16", "fp16", "fp32"),  # pipelines.hardware.PRECISIONS
-    "augment.name": ("none", "flip", "sa_autoaug"),
-    "train.optimizer": ("sgd", "adamw"),
-    "train.lr_schedule": ("multistep", "cosine"),
-    "evaluate.backend": ("pycocotools", "faster_coco_eval"),  # pipelines.evaluation.BACKENDS
+    "model.backbone": BACKBONES,
+    "model.norm": NORMS,
+    "model.precision": PRECISIONS,
+    "augment.name": AUGMENTATIONS,
+    "train.optimizer": OPTIMIZERS,
+    "train.lr_schedule": LR_SCHEDULES,
+    "evaluate.backend": EVAL_BACKENDS,
 }
+
+_Registry = TypeVar("_Registry", bound=Mapping)
+
+
+def registry(key: str, entries: _Registry) -> _Registry:
+    """``entries`` (name -> what the name selects) unchanged, once its names are checked to be
+    ``CHOICES[key]``, in order: the one list that validation accepts. A mismatch is a bug in the code,
+    raised when the selecting module is imported."""
+    if tuple(entries) != CHOICES[key]:
+        raise AssertionError(f"registry of {key}: {tuple(entries)} differs from config.CHOICES: {CHOICES[key]}")
+    return entries
+
+
+# conf/, composed by Hydra: its group options give the "did you mean `-S model=fcos_r50`?" hints, and
+# conf/model/ holds the model presets that model.name names.
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# Config groups by the params section they fill (conf/solver/ is packaged into ``train``).
+GROUP_OF_SECTION = {"dataset": "dataset", "model": "model", "augment": "augment", "train": "solver"}
+# The fields that make a model preset's network what it is (parameter shapes and initial weights). The
+# others (sizes, thresholds, precision, trainable stages) are settings a run may change under the same name.
+ARCHITECTURE = ("backbone", "norm", "backbone_weights", "fpn_channels", "head_convs")
+
+# Where numbers cross into numpy and torch. Seeds go to torch.manual_seed (stages/train.py), which takes
+# 64 bits, and to numpy's SeedSequence (any size); every other integer is held as int64 somewhere.
+SEED_KEYS = ("seed", "dataset.seed")
+SEED_MAX = 2**64 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Image sides in pixels: the synthetic set is saved as JPEG, whose sides stop at 65500 (libjpeg's
+# JPEG_MAX_DIMENSION), and float32 box coordinates stay exact to 1/256 pixel below 2**16; resize targets
+# share the bound.
+PIXEL_SIZE_KEYS = ("dataset.min_side", "dataset.max_side", "model.min_size_train", "model.max_size_train",
+                   "model.min_size_test", "model.max_size_test", "evaluate.tta_scales", "evaluate.tta_max_size")
+MAX_SIDE = 65500
+
+# A params file is a few kB (conf/ composes to about 3 kB); YAML aliases may not expand it beyond this
+# many values (a "billion laughs" document is a few hundred bytes that expand to 10**9).
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_VALUES = 100_000
 
 
 _WEIGHTS_NAME = re.compile(r"(?:(\w+_Weights)\.)?([A-Z][A-Z0-9_]*)")
@@ -214,13 +272,90 @@ def load_params(path: str | Path = "params.yaml", *, world_size: int | None = No
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found (run from the repository root, or compose conf/)")
-    try:
-        raw = OmegaConf.load(path)
-    except Exception as err:  # YAML syntax errors come in many types
-        raise ConfigError(f"{path}: not valid YAML ({_first_line(err)})") from None
+    return params_from_text(read_yaml_text(path), source=str(path), world_size=world_size)
+
+
+def params_from_text(text: str, *, source: str, world_size: int | None = None) -> Params:
+    """Validate the YAML ``text`` of a params file (as :func:`load_params` does); ``source`` names it in
+    messages."""
+    raw = parse_yaml(text, source)
     if not isinstance(raw, DictConfig):
-        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-    return params_from_dict(OmegaConf.to_container(raw), source=str(path), world_size=world_size)
+        raise ConfigError(f"{source}: expected a mapping of sections at the top level")
+    return params_from_dict(OmegaConf.to_container(raw), source=source, world_size=world_size)
+
+
+def read_yaml_text(path: Path) -> str:
+    """The text of the YAML file ``path``, refused beyond :data:`MAX_YAML_BYTES` or when not UTF-8.
+
+    Raises:
+        ConfigError: one line naming the file.
+    """
+    try:
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: {size} bytes; expected a YAML file of at most {MAX_YAML_BYTES} bytes")
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not valid YAML (not UTF-8 text: byte {err.start})") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
+
+
+def parse_yaml(text: str, source: str) -> DictConfig | Any:
+    """Parse YAML ``text`` as OmegaConf does (``OmegaConf.load``), after checking that it is well-formed
+    and that its aliases expand to at most :data:`MAX_YAML_VALUES` values (nor into themselves).
+
+    Raises:
+        ConfigError: ``<source>:LINE:COL: <problem>`` for a syntax error or an expansion beyond the bound.
+    """
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)  # nodes: an alias is a reference, not a copy
+        if node is not None:
+            _count_values(node, source, {}, set())
+        return OmegaConf.load(io.StringIO(text))
+    except yaml.MarkedYAMLError as err:
+        raise ConfigError(_yaml_error(source, err)) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid YAML (nested too deeply)") from None
+    except ConfigError:
+        raise
+    except Exception as err:  # YAML and OmegaConf errors come in many types
+        raise ConfigError(f"{source}: not valid YAML ({_first_line(err)})") from None
+
+
+def _yaml_error(source: str, err: yaml.MarkedYAMLError) -> str:
+    mark = err.problem_mark or err.context_mark
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+    problem = err.problem or err.context or type(err).__name__
+    context = err.context if err.problem else None
+    if context and err.context_mark is not None and err.context_mark is not mark:
+        context += f" at {err.context_mark.line + 1}:{err.context_mark.column + 1}"
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
+def _count_values(node: yaml.Node, source: str, counted: dict[int, int], open_: set[int]) -> int:
+    """Values ``node`` stands for once its aliases are expanded, counted without expanding them (each
+    node once). Raises ConfigError at the first node beyond :data:`MAX_YAML_VALUES` or inside itself."""
+    key = id(node)
+    if key in counted:
+        return counted[key]
+    mark = node.start_mark
+    if key in open_:
+        raise ConfigError(f"{source}:{mark.line + 1}:{mark.column + 1}: an alias inside the value it refers to "
+                          f"(expands without end); expected values written out")
+    open_.add(key)
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_count_values(child, source, counted, open_) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_count_values(k, source, counted, open_) + _count_values(v, source, counted, open_)
+                     for k, v in node.value)
+    open_.discard(key)
+    if total > MAX_YAML_VALUES:
+        raise ConfigError(f"{source}:{mark.line + 1}:{mark.column + 1}: YAML aliases expand this to more than "
+                          f"{MAX_YAML_VALUES} values; expected a file of at most {MAX_YAML_VALUES} values")
+    counted[key] = total
+    return total
 
 
 def params_from_dict(raw: dict, *, source: str = "params", world_size: int | None = None) -> Params:
@@ -234,7 +369,11 @@ def params_from_dict(raw: dict, *, source: str = "params", world_size: int | Non
         raise ConfigError(f"{source}: dataset.name: expected one of {', '.join(DATASETS)}, got {name!r}")
 
     params = _typed(Params, raw, source, prefix="")
-    params.dataset = _typed(DATASETS[name], dataset_raw, source, prefix="dataset.")
+    try:
+        params.dataset = _typed(DATASETS[name], dataset_raw, source, prefix="dataset.")
+    except ConfigError as err:  # another preset's whole section under this name: `-S dataset.name=coco`
+        others = [n for n, preset in group_presets("dataset").items() if n != name and set(preset) == set(dataset_raw)]
+        raise ConfigError(f"{err}{_group_hint('dataset', name)}" if others else str(err)) from None
     _check_values(params, source, world_size)
     return params
 
@@ -279,9 +418,25 @@ def _typed(schema: type, raw: dict, source: str, prefix: str) -> Any:
         raise ConfigError(f"{source}: {prefix}{err.full_key}: missing value") from None
     except ValidationError as err:
         raise ConfigError(f"{source}: {prefix}{err.full_key}: {_first_line(err)}") from None
+    except OverflowError:  # an integer beyond float range where a float goes (OmegaConf names no key)
+        key, value = next(_huge_floats(schema, raw, prefix), (prefix.rstrip("."), None))
+        raise ConfigError(f"{source}: {key}: expected a finite number, got {_show(value)}") from None
     except OmegaConfBaseException as err:
         key = prefix + (getattr(err, "full_key", "") or "")
         raise ConfigError(f"{source}: {key}: {_first_line(err)}") from None
+
+
+def _huge_floats(schema: type, raw: Any, prefix: str) -> Iterator[tuple[str, int]]:
+    """``(dotted key, value)`` of the integers in ``raw`` too large for the float fields of ``schema``."""
+    if not isinstance(raw, dict):
+        return
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        value, kind = raw.get(f.name), hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            yield from _huge_floats(kind, value, f"{prefix}{f.name}.")
+        elif kind in (float, Optional[float]) and isinstance(value, int) and abs(value) > sys.float_info.max:
+            yield f"{prefix}{f.name}", value
 
 
 def _first_line(err: Exception) -> str:
@@ -289,30 +444,152 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def _show(value: Any) -> str:
+    """``repr(value)``, with an integer of more than 30 digits given by its size (one readable line)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
+
+
 def _check_values(p: Params, source: str, world_size: int | None) -> None:
+    """Every value in range, section by section; the first problem raises ConfigError (one line)."""
     def require(ok: bool, key: str, expected: str, value: Any) -> None:
         if not ok:
-            raise ConfigError(f"{source}: {key}: expected {expected}, got {value!r}")
+            raise ConfigError(f"{source}: {key}: expected {expected}, got {_show(value)}")
 
+    _check_names(p, source)
+    _check_numbers(p, require)
+    require(p.seed >= 0, "seed", "an integer >= 0", p.seed)
+    if isinstance(p.dataset, SyntheticDataset):
+        _check_synthetic(p.dataset, require)
+    _check_model(p.model, require)
+    _check_augment(p.augment, require, source)
+    require(p.loader.num_workers >= 0, "loader.num_workers", "an integer >= 0", p.loader.num_workers)
+    require(p.loader.size_divisibility >= 1, "loader.size_divisibility", "an integer >= 1", p.loader.size_divisibility)
+    _check_train(p, require)
+    _check_evaluate(p, require)
+    _check_launch(p, require, source, world_size)
+
+
+# --- names that select code ----------------------------------------------------------------------------------
+
+
+def _check_names(p: Params, source: str) -> None:
+    """Every name that selects code is one the code has (:data:`CHOICES`), and ``model.name`` is the model
+    preset that the section is (:func:`_check_model_name`)."""
     for key, choices in CHOICES.items():
         section, name = key.split(".")
         value = getattr(getattr(p, section), name)
-        require(value in choices, key, "one of " + ", ".join(choices), value)
+        if value not in choices:
+            raise ConfigError(f"{source}: {key}: expected one of {', '.join(choices)}, got {value!r}"
+                              f"{_group_hint(section, value)}")
+    _check_model_name(p.model, source)
 
-    require(p.seed >= 0, "seed", "an integer >= 0", p.seed)
 
-    d = p.dataset
-    if isinstance(d, SyntheticDataset):
-        require(d.seed >= 0, "dataset.seed", "an integer >= 0", d.seed)
-        require(d.train_size >= 1, "dataset.train_size", "at least 1 image", d.train_size)
-        require(d.val_size >= 1, "dataset.val_size", "at least 1 image", d.val_size)
-        require(1 <= d.num_classes <= 6, "dataset.num_classes", "1 to 6 shape classes", d.num_classes)
-        require(d.min_side >= 64, "dataset.min_side", "at least 64 pixels", d.min_side)
-        require(d.max_side >= d.min_side, "dataset.max_side", f">= dataset.min_side ({d.min_side})", d.max_side)
-        require(d.min_objects >= 1, "dataset.min_objects", "at least 1", d.min_objects)
-        require(d.max_objects >= d.min_objects, "dataset.max_objects", f">= dataset.min_objects ({d.min_objects})", d.max_objects)
+def _check_model_name(m: Model, source: str) -> None:
+    """``model.name`` is a label (MLflow records it; no code reads it), so it must say what the section is:
+    the name of a model preset, ``conf/model/<name>.yaml``, whose network the section builds. A section
+    may change a preset's other settings (sizes, thresholds, precision, trainable stages) and even its
+    network under the same name, but a name that labels another preset's network exactly is the slip
+    ``-S model.name=fcos_r50`` for ``-S model=fcos_r50``: refused, with that hint. Without ``conf/model/``
+    (the package outside its repository) the name is not checked."""
+    presets = model_presets()
+    if not presets:
+        return
+    if m.name not in presets:
+        raise ConfigError(f"{source}: model.name: expected one of {', '.join(presets)} (a preset in conf/model/), "
+                          f"got {m.name!r}{_group_hint('model', m.name)}")
+    mine = tuple(getattr(m, key) for key in ARCHITECTURE)
+    if mine == _architecture(presets[m.name]):
+        return
+    same = [stem for stem, preset in presets.items() if _architecture(preset) == mine]
+    if same:
+        network = ", ".join(f"{key} {'null' if value is None else value}" for key, value in zip(ARCHITECTURE, mine))
+        raise ConfigError(f"{source}: model.name: expected {same[0]!r} (the section builds the network of "
+                          f"conf/model/{same[0]}.yaml: {network}), got {m.name!r}; did you mean `-S model={m.name}`?")
 
-    m = p.model
+
+def _architecture(preset: dict) -> tuple:
+    return tuple(preset.get(key) for key in ARCHITECTURE)
+
+
+@functools.lru_cache(maxsize=16)
+def _presets(folder: Path) -> dict[str, dict]:
+    presets = {}
+    for path in sorted(folder.glob("*.yaml")):
+        raw = parse_yaml(read_yaml_text(path), str(path))
+        presets[path.stem] = OmegaConf.to_container(raw) if isinstance(raw, DictConfig) else {}
+    return presets
+
+
+def group_presets(group: str, conf: Path = CONF) -> dict[str, dict]:
+    """The options of a config group, ``conf/<group>/<name>.yaml``: name -> its values (read once per
+    process; empty without ``conf/``)."""
+    return _presets(conf / group)
+
+
+def model_presets(conf: Path = CONF) -> dict[str, dict]:
+    """The model presets, ``conf/model/<name>.yaml``: name -> its values."""
+    return group_presets("model", conf)
+
+
+def _group_hint(section: str, value: Any) -> str:
+    """``; did you mean `-S <group>=<value>`?`` when ``value`` names an option of the config group that fills
+    ``section`` (``conf/<group>/<value>.yaml``), else ``""``."""
+    group = GROUP_OF_SECTION.get(section)
+    if group is None or not isinstance(value, str) or not re.fullmatch(r"\w[\w.-]*", value):
+        return ""
+    return f"; did you mean `-S {group}={value}`?" if (CONF / group / f"{value}.yaml").is_file() else ""
+
+
+# --- numbers: what numpy and torch can hold --------------------------------------------------------------------
+
+
+def _numbers(value: Any, key: str) -> Iterator[tuple[str, Any]]:
+    """``(dotted key, number)`` for every int and float in ``value`` (a dataclass of params), list items
+    as ``key[i]``; booleans are not numbers here."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from _numbers(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{key}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield key, value
+
+
+def _check_numbers(p: Params, require) -> None:
+    """Every number fits where it goes, whatever its field: floats are finite, seeds are 0..2**64-1,
+    other integers int64, image sides 1..:data:`MAX_SIDE` pixels."""
+    for key, value in _numbers(p, ""):
+        field_key = key.split("[")[0]
+        if isinstance(value, float):
+            require(math.isfinite(value), key, "a finite number", value)
+        elif field_key in SEED_KEYS:
+            require(0 <= value <= SEED_MAX, key, "a seed from 0 to 2**64-1 (torch.manual_seed takes 64 bits)", value)
+        else:
+            require(INT64_MIN <= value <= INT64_MAX, key, "an integer from -2**63 to 2**63-1 (numpy and torch hold "
+                    "it as int64)", value)
+            if field_key in PIXEL_SIZE_KEYS:
+                require(1 <= value <= MAX_SIDE, key, f"a size from 1 to {MAX_SIDE} pixels", value)
+
+
+# --- values, section by section ----------------------------------------------------------------------------------
+
+
+def _check_synthetic(d: SyntheticDataset, require) -> None:
+    require(d.seed >= 0, "dataset.seed", "an integer >= 0", d.seed)
+    require(d.train_size >= 1, "dataset.train_size", "at least 1 image", d.train_size)
+    require(d.val_size >= 1, "dataset.val_size", "at least 1 image", d.val_size)
+    require(1 <= d.num_classes <= 6, "dataset.num_classes", "1 to 6 shape classes", d.num_classes)
+    require(d.min_side >= 64, "dataset.min_side", "at least 64 pixels", d.min_side)
+    require(d.max_side >= d.min_side, "dataset.max_side", f">= dataset.min_side ({d.min_side})", d.max_side)
+    require(d.min_objects >= 1, "dataset.min_objects", "at least 1", d.min_objects)
+    require(d.max_objects >= d.min_objects, "dataset.max_objects", f">= dataset.min_objects ({d.min_objects})",
+            d.max_objects)
+
+
+def _check_model(m: Model, require) -> None:
     require(isinstance(m.channels_last, bool) or m.channels_last == "auto", "model.channels_last",
             "auto, true or false", m.channels_last)
     require(m.fpn_channels > 0 and m.fpn_channels % 32 == 0, "model.fpn_channels",
@@ -323,7 +600,8 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
     require(m.max_size_train >= max(m.min_size_train), "model.max_size_train",
             f">= the largest model.min_size_train ({max(m.min_size_train)})", m.max_size_train)
     require(m.min_size_test > 0, "model.min_size_test", "a positive size", m.min_size_test)
-    require(m.max_size_test >= m.min_size_test, "model.max_size_test", f">= model.min_size_test ({m.min_size_test})", m.max_size_test)
+    require(m.max_size_test >= m.min_size_test, "model.max_size_test", f">= model.min_size_test ({m.min_size_test})",
+            m.max_size_test)
     require(0 <= m.score_thresh < 1, "model.score_thresh", "a value in [0, 1)", m.score_thresh)
     require(0 < m.nms_thresh <= 1, "model.nms_thresh", "a value in (0, 1]", m.nms_thresh)
     require(m.detections_per_img >= 1, "model.detections_per_img", "at least 1", m.detections_per_img)
@@ -348,32 +626,32 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
                     f"weights of model.backbone ({m.backbone}): {enum}.{name[1]} or {name[1]}", w)
             require(m.norm != "groupnorm", "model.norm", f"batchnorm or frozen_batchnorm with torchvision weights "
                     f"(model.backbone_weights = {w!r} holds BatchNorm layers)", m.norm)
+    require(not m.sync_batchnorm or m.norm == "batchnorm", "model.sync_batchnorm",
+            f"false with model.norm {m.norm!r} (only trainable BatchNorm synchronises)", m.sync_batchnorm)
 
-    a = p.augment
+
+def _check_augment(a: Augment, require, source: str) -> None:
     require(0 <= a.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", a.hflip_prob)
-    if a.name == "sa_autoaug":
-        for key in ("policy", "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb", "filler_pool",
-                    "filler_pool_iters"):
-            if getattr(a, key) is None:
-                raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name=sa_autoaug)")
-        require(len(a.scale_splits) == 3 and list(a.scale_splits) == sorted(set(a.scale_splits)) and a.scale_splits[0] > 0,
-                "augment.scale_splits", "three increasing positive areas", a.scale_splits)
-        require(0 <= a.box_prob <= 1, "augment.box_prob", "a probability in [0, 1]", a.box_prob)
-        require(a.filler_cache_mb >= 0, "augment.filler_cache_mb", "a size in MB >= 0", a.filler_cache_mb)
-        require(a.filler_pool >= 0, "augment.filler_pool", "a number of images >= 0 (0: the whole split)",
-                a.filler_pool)
-        require(a.filler_pool_iters >= 1, "augment.filler_pool_iters", "a number of iterations >= 1",
-                a.filler_pool_iters)
-        try:
-            decode_policy(a.policy, a.n_subpolicies)  # the one check of the genes; errors name their position
-        except ConfigError as err:
-            raise ConfigError(f"{source}: {err}") from None
+    if a.name != "sa_autoaug":
+        return
+    for key in ("policy", "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb", "filler_pool",
+                "filler_pool_iters"):
+        if getattr(a, key) is None:
+            raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name=sa_autoaug)"
+                              f"{_group_hint('augment', a.name)}")
+    require(len(a.scale_splits) == 3 and list(a.scale_splits) == sorted(set(a.scale_splits)) and a.scale_splits[0] > 0,
+            "augment.scale_splits", "three increasing positive areas", a.scale_splits)
+    require(0 <= a.box_prob <= 1, "augment.box_prob", "a probability in [0, 1]", a.box_prob)
+    require(a.filler_cache_mb >= 0, "augment.filler_cache_mb", "a size in MB >= 0", a.filler_cache_mb)
+    require(a.filler_pool >= 0, "augment.filler_pool", "a number of images >= 0 (0: the whole split)", a.filler_pool)
+    require(a.filler_pool_iters >= 1, "augment.filler_pool_iters", "a number of iterations >= 1", a.filler_pool_iters)
+    try:
+        decode_policy(a.policy, a.n_subpolicies)  # the one check of the genes; errors name their position
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
 
-    require(p.loader.num_workers >= 0, "loader.num_workers", "an integer >= 0", p.loader.num_workers)
-    require(p.loader.size_divisibility >= 1, "loader.size_divisibility", "an integer >= 1", p.loader.size_divisibility)
 
-    require(not p.model.sync_batchnorm or p.model.norm == "batchnorm", "model.sync_batchnorm",
-            f"false with model.norm {p.model.norm!r} (only trainable BatchNorm synchronises)", p.model.sync_batchnorm)
+def _check_train(p: Params, require) -> None:
     t = p.train
     require(t.nproc >= 1, "train.nproc", "at least 1 process", t.nproc)
     require(t.max_iter >= 1, "train.max_iter", "at least 1 iteration", t.max_iter)
@@ -384,20 +662,27 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
     require(list(t.steps) == sorted(set(t.steps)) and all(0 < s < t.max_iter for s in t.steps), "train.steps",
             f"strictly increasing iterations between 0 and train.max_iter ({t.max_iter})", t.steps)
     require(0 < t.gamma <= 1, "train.gamma", "a factor in (0, 1]", t.gamma)
-    require(0 <= t.warmup_iters < t.max_iter, "train.warmup_iters", f"a value in [0, train.max_iter ({t.max_iter}))", t.warmup_iters)
+    require(0 <= t.warmup_iters < t.max_iter, "train.warmup_iters", f"a value in [0, train.max_iter ({t.max_iter}))",
+            t.warmup_iters)
     require(0 < t.warmup_factor <= 1, "train.warmup_factor", "a factor in (0, 1]", t.warmup_factor)
     require(t.clip_grad_norm >= 0, "train.clip_grad_norm", "a value >= 0 (0 turns clipping off)", t.clip_grad_norm)
     require(t.log_period >= 1, "train.log_period", "at least 1 iteration", t.log_period)
     require(t.checkpoint_period >= 1, "train.checkpoint_period", "at least 1 iteration", t.checkpoint_period)
     require(t.keep_checkpoints >= 1, "train.keep_checkpoints", "at least 1", t.keep_checkpoints)
+
+
+def _check_evaluate(p: Params, require) -> None:
     e = p.evaluate
     require(e.ims_per_batch >= 1, "evaluate.ims_per_batch", "at least 1 image", e.ims_per_batch)
     require(all(s > 0 for s in e.tta_scales), "evaluate.tta_scales", "positive sizes", e.tta_scales)
     require(e.tta_max_size >= max(e.tta_scales, default=0), "evaluate.tta_max_size",
             f">= the largest evaluate.tta_scales ({max(e.tta_scales, default=0)})", e.tta_max_size)
-    require(bool(p.tracking.experiment.strip()), "tracking.experiment", "a non-empty experiment name", p.tracking.experiment)
+    require(bool(p.tracking.experiment.strip()), "tracking.experiment", "a non-empty experiment name",
+            p.tracking.experiment)
 
-    launch = p.launch
+
+def _check_launch(p: Params, require, source: str, world_size: int | None) -> None:
+    launch, t = p.launch, p.train
     require(launch.nodes >= 1, "launch.nodes", "at least 1 node", launch.nodes)
     require(launch.max_restarts >= 0, "launch.max_restarts", "an integer >= 0", launch.max_restarts)
     if launch.nodes > 1:

@@ -10,6 +10,7 @@ a local state-dict file), with its lower stages optionally frozen, as torchvisio
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -21,15 +22,24 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import FrozenBatchNorm2d
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
-from .config import weights_name
+from .config import registry, weights_name
 from .data.transforms import IMAGE_MEAN, IMAGE_STD
 from .errors import ConfigError
 
-NORM_LAYERS = {
+# model.norm and model.backbone: the names config validation accepts are these keys (config.registry).
+NORM_LAYERS = registry("model.norm", {
     "batchnorm": nn.BatchNorm2d,
     "groupnorm": lambda channels: nn.GroupNorm(32, channels),
     "frozen_batchnorm": FrozenBatchNorm2d,  # from scratch this means no normalisation at all
-}
+})
+BACKBONES = registry("model.backbone", {  # a random ResNet body, given its norm layer
+    # one BasicBlock per stage: half of ResNet-18's convolutions, no published weights
+    "resnet10": partial(torchvision.models.resnet.ResNet, torchvision.models.resnet.BasicBlock, [1, 1, 1, 1]),
+    "resnet18": partial(torchvision.models.resnet18, weights=None),
+    "resnet34": partial(torchvision.models.resnet34, weights=None),
+    "resnet50": partial(torchvision.models.resnet50, weights=None),
+    "resnet101": partial(torchvision.models.resnet101, weights=None),
+})
 # The ResNet's stages from the top, as torchvision's ``trainable_backbone_layers`` counts them.
 STAGES = ("layer4", "layer3", "layer2", "layer1", "conv1")
 
@@ -46,11 +56,7 @@ def build_backbone(*, backbone: str, norm: str, fpn_channels: int, weights: str 
     Raises:
         ConfigError: the weights cannot be read, downloaded or loaded (the message names the value).
     """
-    if backbone == "resnet10":  # one BasicBlock per stage: half of ResNet-18's convolutions, no published weights
-        body = torchvision.models.resnet.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1],
-                                                norm_layer=NORM_LAYERS[norm])
-    else:
-        body = getattr(torchvision.models, backbone)(weights=None, norm_layer=NORM_LAYERS[norm])
+    body = BACKBONES[backbone](norm_layer=NORM_LAYERS[norm])
     if weights is not None:
         load_backbone_weights(body, weights, backbone=backbone)
     trained = STAGES[:trainable_layers] + (("bn1",) if trainable_layers == len(STAGES) else ())

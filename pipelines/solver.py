@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from .config import registry
+
 
 def build_optimizer(model: nn.Module, *, name: str, base_lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,
                     norm_weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -25,22 +27,29 @@ def build_optimizer(model: nn.Module, *, name: str, base_lr: float, momentum: fl
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": norm_weight_decay},
     ]
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=base_lr, momentum=momentum, fused=True)
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=base_lr, fused=True)
-    raise ValueError(f"unknown optimizer {name!r}; expected sgd or adamw")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name](groups, lr=base_lr, momentum=momentum)
+
+
+# train.optimizer and train.lr_schedule: the names config validation accepts are these keys (config.registry).
+OPTIMIZERS = registry("train.optimizer", {
+    "sgd": lambda groups, *, lr, momentum: torch.optim.SGD(groups, lr=lr, momentum=momentum, fused=True),
+    "adamw": lambda groups, *, lr, momentum: torch.optim.AdamW(groups, lr=lr, fused=True),  # no momentum
+})
+LR_SCHEDULES = registry("train.lr_schedule", {  # the decay factor at an iteration, before warm-up
+    "multistep": lambda iteration, *, max_iter, steps, gamma: gamma ** sum(iteration >= s for s in steps),
+    "cosine": lambda iteration, *, max_iter, steps, gamma: 0.5 * (1 + math.cos(math.pi * min(iteration, max_iter)
+                                                                               / max_iter)),
+})
 
 
 def lr_factor(iteration: int, *, schedule: str, max_iter: int, steps: list[int], gamma: float, warmup_iters: int,
               warmup_factor: float) -> float:
     """Learning-rate multiplier at ``iteration``: linear warm-up, then multi-step or cosine decay."""
-    if schedule == "multistep":
-        factor = gamma ** sum(iteration >= s for s in steps)
-    elif schedule == "cosine":
-        factor = 0.5 * (1 + math.cos(math.pi * min(iteration, max_iter) / max_iter))
-    else:
-        raise ValueError(f"unknown schedule {schedule!r}; expected multistep or cosine")
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(LR_SCHEDULES)}")
+    factor = LR_SCHEDULES[schedule](iteration, max_iter=max_iter, steps=steps, gamma=gamma)
     if iteration < warmup_iters:
         alpha = iteration / warmup_iters
         factor *= warmup_factor * (1 - alpha) + alpha
