@@ -39,8 +39,7 @@ from .precision import CLASSES
 REPO = Path(__file__).resolve().parents[1]
 # The default before it was sized for a common machine: ResNet-18, 128-channel FPN, 320 px, 700
 # iterations, bf16 and channels_last wherever it ran.
-PREVIOUS_DEFAULT = ("model.backbone=resnet18 model.fpn_channels=128 model.min_size_train=[320] "
-                    "model.max_size_train=416 train.max_iter=700")
+PREVIOUS_DEFAULT = "model=fcos_small train.max_iter=700"
 DEFAULT_CANDIDATES = ["", PREVIOUS_DEFAULT]
 
 

@@ -388,12 +388,128 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     assert latest.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(latest.info.run_id, "train/loss")]
     assert sorted(steps) == [2, 4, 6, 8, 10, 12]  # no step logged twice
-    kept = sorted(p.name for p in (repo / "outputs" / "train" / "checkpoints").glob("model_*.pth"))
     logged = [a.path for a in client.list_artifacts(latest.info.run_id, "checkpoints")]
-    assert len(kept) == 2 and logged == [f"checkpoints/{name}" for name in kept]  # train.keep_checkpoints
+    assert logged == ["checkpoints/model_0000008.pth", "checkpoints/model_0000010.pth"]  # train.keep_checkpoints
+    assert not list((repo / "outputs" / "train" / "checkpoints").glob("model_*.pth"))  # finished: removed
     assert all(r.info.status in ("FINISHED", "FAILED", "KILLED") for r in _runs(repo)[1])
     _set_param(repo, "launch", "max_restarts", 0)
     assert _dvc_json(repo, "status") == {}  # the launch section is no stage's dependency
+
+
+def _start_training(repo: Path, *, at: int, env: dict | None = None, **popen) -> tuple[subprocess.Popen, int]:
+    """Start ``dvc repro``; return it once the training log of this run has a row for iteration ``at`` or
+    later (and that iteration)."""
+    log = repo / "outputs" / "train" / "checkpoints" / "train_log.csv"
+    stale = log.stat().st_mtime_ns if log.is_file() else None
+    dvc = subprocess.Popen(["dvc", "repro"], cwd=repo, env=env or _env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, **popen)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and dvc.poll() is None:
+        fresh = log.is_file() and log.stat().st_mtime_ns != stale
+        rows = log.read_text().splitlines()[1:] if fresh else []
+        if rows and (reached := int(rows[-1].split(",")[0])) >= at:
+            return dvc, reached
+        time.sleep(0.05)
+    pytest.fail(f"training did not reach iteration {at}: {dvc.communicate()[1][-2000:]}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(map(_alive, pids))
+
+
+def _state(repo: Path) -> dict[str, object]:
+    """What a failed run must not change: the train stage's outputs (bytes) and its working folder
+    (names, sizes, times), and any temporary file of an atomic write."""
+    outputs = [repo / "outputs" / "train" / name for name in ("model_final.pth", "run.json", "augment_preview.png")]
+    outputs.append(repo / "metrics" / "train_log.csv")
+    work = repo / "outputs" / "train" / "checkpoints"
+    state = {str(p): p.is_file() and hashlib.sha256(p.read_bytes()).hexdigest() for p in outputs}
+    state.update({str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in work.rglob("*") if p.is_file()})
+    state["temporary"] = sorted(str(p) for folder in (work, work.parent, repo / "metrics")
+                                for p in folder.glob(".*.*") if not p.name.startswith(".lock"))
+    return state
+
+
+def test_sigkill_of_the_launcher_or_of_dvc_leaves_nothing_running_and_the_next_run_resumes(repo, tmp_path):
+    """What the OOM killer does, to the launcher (2 gloo processes, fp32) and then to ``dvc`` itself:
+    every process of the stage is gone within seconds, nothing more is written, no temporary file or
+    folder stays. Then the run file is lost as well: the next ``dvc repro`` still resumes from the
+    checkpoints (same fingerprint), in a new MLflow run linked to the one it continues."""
+    for section, key, value in (("model", "precision", "fp32"), ("train", "nproc", 2), ("train", "max_iter", 16),
+                                ("train", "checkpoint_period", 2), ("train", "log_period", 1),
+                                ("launch", "max_restarts", 0), ("tracking", "log_checkpoints", False)):
+        _set_param(repo, section, key, value)
+    env = {**_env(), "TMPDIR": str(tmp_path)}
+    for target, at in (("pipelines.launch", 5), ("dvc", 9)):
+        dvc, reached = _start_training(repo, at=at, env=env)
+        family = [pid for pid in _descendants(dvc.pid) if _runs_module(pid, "pipelines.launch")]
+        family += [pid for pid in _descendants(dvc.pid) if _runs_module(pid, "stages.train")]
+        assert len(family) == 3  # the launcher and its 2 processes
+        before = _state(repo)
+        os.kill(family[0] if target == "pipelines.launch" else dvc.pid, signal.SIGKILL)
+        _, stderr = dvc.communicate(timeout=60)
+        assert dvc.returncode != 0
+        assert _gone_within(family, 5), f"still running after {target} was killed: {list(filter(_alive, family))}"
+        time.sleep(2)
+        after = _state(repo)
+        assert after["temporary"] == [] and after == before  # nothing written after the failure
+        if target == "dvc":
+            assert "resuming from" in stderr  # the kill of the launcher cost nothing but the iterations since
+    assert len(list(tmp_path.glob("torchelastic_*"))) == 1  # the last killed launcher's log folder (each start
+    # removes those of launchers that are gone)...
+
+    run_file = repo / "outputs" / "train" / "checkpoints" / "run.json"
+    killed_run = json.loads(run_file.read_text())["run_id"]
+    run_file.unlink()
+    done = subprocess.run(["dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not list(tmp_path.glob("torchelastic_*"))  # ...are removed by the next launch
+    resumed_from = int(re.search(r"resuming from .* \(iteration (\d+)\)", done.stderr).group(1))
+    assert resumed_from >= 8
+    client, runs = _runs(repo, "train")
+    latest = max(runs, key=lambda r: r.info.start_time)
+    assert latest.info.run_id != killed_run and latest.data.tags["train.continues_run"] == killed_run
+    assert len(latest.data.tags["train.fingerprint"]) == 64
+    assert client.get_run(killed_run).info.status == "KILLED"
+    assert not list(run_file.parent.glob("model_*.pth"))
+
+
+def test_ctrl_c_stops_at_a_checkpoint_and_the_next_run_resumes_from_it(repo):
+    """SIGINT to the process group, as a terminal sends it (to dvc, the launcher, both processes and their
+    loader workers): one line, a checkpoint at the stop, the MLflow run KILLED; the next run resumes there."""
+    for section, key, value in (("model", "precision", "fp32"), ("train", "nproc", 2), ("train", "max_iter", 14),
+                                ("train", "checkpoint_period", 100), ("train", "log_period", 1),
+                                ("loader", "num_workers", 1)):
+        _set_param(repo, section, key, value)
+    dvc, reached = _start_training(repo, at=4, start_new_session=True)  # its own group: the test's to signal
+    os.killpg(dvc.pid, signal.SIGINT)
+    stdout, stderr = dvc.communicate(timeout=120)
+    assert dvc.returncode != 0
+    lines = stderr.splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    assert [lines[i] for i in errors] == ["error: stopped by SIGINT"], stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert lines[errors[0] + 1].startswith("ERROR: failed to reproduce 'train'")  # then DVC's own line
+    saved = sorted((repo / "outputs" / "train" / "checkpoints").glob("model_*.pth"))
+    assert len(saved) == 1 and int(saved[0].stem.split("_")[1]) >= reached
+    _, runs = _runs(repo, "train")
+    assert max(runs, key=lambda r: r.info.start_time).info.status == "KILLED"
+
+    done = subprocess.run(["dvc", "repro"], cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming from {saved[0].relative_to(repo)} (iteration {int(saved[0].stem.split('_')[1])})" in done.stderr
+    _, runs = _runs(repo, "train")
+    assert max(runs, key=lambda r: r.info.start_time).info.status == "FINISHED"
 
 
 def _launch(repo: Path, params: dict, module_args: list[str], *, cores: set[int], store: Path) -> subprocess.Popen:
