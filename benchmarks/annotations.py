@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipelines.lifetime import parent_death_signal
+
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"open_speedup": 200.0, "memory_fraction": 0.1, "access_us": 2.0}
 KINDS = ("coco", "cache", "build", "json", "orjson")
@@ -119,7 +121,7 @@ def run_child(kind: str, *, source: Path, cache: Path, accesses: int, seed: int)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "benchmarks.annotations", "--child", kind, "--annotations", str(source),
            "--cache", str(cache), "--accesses", str(accesses), "--seed", str(seed)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, preexec_fn=parent_death_signal)
     if done.returncode:
         raise RuntimeError(f"measurement {kind!r} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -43,6 +43,7 @@ import orjson
 from benchmarks.coco_scale import COCO_CATEGORY_IDS, make_coco_scale
 from pipelines.evaluation import BACKENDS, STAT_NAMES
 from pipelines.fileio import atomic_write_bytes
+from pipelines.lifetime import parent_death_signal
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "pycocotools"
@@ -143,7 +144,7 @@ def run_child(backend: str, *, folder: Path) -> dict:
     """Run :func:`child` in a fresh interpreter and return its figures."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "benchmarks.evaluation", "--child", backend, "--folder", str(folder)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, preexec_fn=parent_death_signal)
     if done.returncode:
         raise RuntimeError(f"measurement {backend!r} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -39,6 +39,7 @@ from pipelines import build, hardware
 from pipelines.config import Params
 from pipelines.engine import train_step
 from pipelines.hardware import Compute
+from pipelines.lifetime import parent_death_signal
 
 from .loader import _loader, add_dataset_arguments, load_benchmark_params, make_dataset
 
@@ -90,7 +91,8 @@ def _run_worker(cls: str, batches_file: Path, args, precision: str, channels_las
         command.append("--channels-last")
     if args.augment:
         command += ["--augment", args.augment]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True,
+                          preexec_fn=parent_death_signal)  # a killed benchmark takes its runs with it
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from pipelines.compose import compose_params
+from pipelines.lifetime import parent_death_signal
 
 from .precision import CLASSES
 
@@ -46,7 +47,8 @@ DEFAULT_CANDIDATES = ["", PREVIOUS_DEFAULT]
 def _run(command: list[str], env: dict, log: Path) -> float:
     start = time.perf_counter()
     with log.open("w") as out:
-        done = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                              preexec_fn=parent_death_signal)  # a killed benchmark takes its runs with it
     if done.returncode:
         raise SystemExit(f"error: {' '.join(command[:5])}... failed (exit {done.returncode}); see {log}")
     return time.perf_counter() - start
