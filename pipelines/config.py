@@ -53,6 +53,9 @@ class SyntheticDataset:
     max_side: int = MISSING
     min_objects: int = MISSING
     max_objects: int = MISSING
+    # The pixel limit (see CocoDataset); a default, unlike the other fields, so that a dataset config
+    # written before it existed still loads.
+    max_image_pixels: int = 2**28
 
 
 @dataclass
@@ -65,6 +68,11 @@ class CocoDataset:
     train_annotations: str = MISSING
     val_images: str = MISSING
     val_annotations: str = MISSING
+    # The most pixels an image may have (width x height, x frames for an animated GIF), read from its
+    # header before it is decoded; 2**28, 256 megapixels (16384 x 16384): above phone cameras and most
+    # aerial tiles. A default, unlike the other fields, so that a dataset config written before it existed
+    # still loads (conf/dataset/*.yaml states it too).
+    max_image_pixels: int = 2**28
 
 
 DATASETS: dict[str, type] = {"synthetic": SyntheticDataset, "coco": CocoDataset}

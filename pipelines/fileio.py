@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -22,15 +25,22 @@ os.umask(_UMASK)
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` in one rename.
 
-    If the body raises, the temporary folder is removed and ``path`` is left as it was.
+    If the body raises, the temporary folder is removed and ``path`` is left as it was. A write that
+    failed for lack of space (see :func:`atomic_file`) becomes an :class:`OutputError` naming ``path``
+    (or the file in it) rather than the temporary folder.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         yield tmp
-    except BaseException:
+    except BaseException as err:
+        full = None if isinstance(err, OutputError) else _out_of_space(err, tmp, written=_tree_size(tmp))
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OutputError) and str(tmp) in str(err):  # a file written inside: name where it was going
+            raise OutputError(str(err).replace(str(tmp), str(path))) from None
+        if full:
+            raise OutputError(f"{path}: {full}; nothing was replaced") from None
         raise
     old = None
     if path.exists():
@@ -42,10 +52,16 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | Path) -> Iterator[Path]:
+def atomic_file(path: str | Path, *, size: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` (``.<name>.<random>``) to write; on success it replaces
     ``path`` in one rename. If the body raises, the temporary file is removed and ``path`` is left
-    as it was."""
+    as it was.
+
+    A write that fails for lack of space (``ENOSPC``, ``EDQUOT``; or, where the writer loses the errno,
+    as ``torch.save`` and numpy do, a failed write on a disk that is now full) raises
+    :class:`OutputError`: ``<path>: no space left on device while writing it (about <size> needed, <free>
+    free); nothing was replaced``. ``size``, if known, is the file's size, for that message.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -56,15 +72,71 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:  # on disk before the rename, so a power loss cannot leave it empty
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
+        full = None if isinstance(err, OutputError) else _out_of_space(err, Path(tmp), written=_size_of(tmp), size=size)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if full:
+            raise OutputError(f"{path}: {full}; nothing was replaced") from None
         raise
+
+
+# Writers that lose the errno of a failed write: torch.save ("[enforce fail at inline_container.cc:672] .
+# unexpected pos 576 vs 534", "PytorchStreamWriter failed writing file data/0: file write failed",
+# "basic_ios::clear: iostream error") and numpy's tofile ("100000 requested and 8176 written").
+_FAILED_WRITE = re.compile(r"inline_container\.cc|PytorchStreamWriter|file write failed|basic_ios::clear"
+                           r"|iostream error|\d+ requested and \d+ written")
+_NEARLY_FULL = 16 * 2**20  # free bytes left when such a write failed for lack of space (blocks, reserves)
+
+
+def _out_of_space(err: BaseException, tmp: Path, *, written: int, size: int | None = None) -> str | None:
+    """The rest of the message if ``err`` is a write that failed for lack of space, else None.
+
+    Called before the temporary file or folder ``tmp`` is removed, so the free space is the space
+    that was left to the write; ``written`` is what it had written."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = _free(tmp)
+    elif isinstance(err, (RuntimeError, OSError)) and _FAILED_WRITE.search(str(err)):
+        free = _free(tmp)
+        if free is None or free >= _NEARLY_FULL:
+            return None  # failed for another reason: let it through as it is
+    else:
+        return None
+    quota = isinstance(err, OSError) and err.errno == errno.EDQUOT
+    needed = f"about {_human(size)}" if size else f"more than {_human(written)}" if written else None
+    known = ", ".join(filter(None, [needed and needed + " needed", free is not None and not quota and
+                                    f"{_human(free)} free"]))
+    return ("no space left on device (disk quota exceeded)" if quota else "no space left on device") + \
+        " while writing it" + (f" ({known})" if known else "")
+
+
+def _free(path: Path) -> int | None:
+    with contextlib.suppress(OSError):
+        return shutil.disk_usage(path if path.is_dir() else path.parent).free
+    return None
+
+
+def _size_of(file: str | Path) -> int:
+    try:
+        return os.stat(file).st_size
+    except OSError:
+        return 0
+
+
+def _tree_size(folder: Path) -> int:
+    return sum(_size_of(os.path.join(top, name)) for top, _, names in os.walk(folder) for name in names)
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename."""
-    with atomic_file(path) as tmp:
+    with atomic_file(path, size=len(data)) as tmp:
         tmp.write_bytes(data)
 
 
@@ -102,3 +174,12 @@ def check_writable(folder: str | Path, *, needed_bytes: int = 0) -> None:
     if free < needed_bytes:
         raise OutputError(f"{folder}: No space left on device for the outputs (about {needed_bytes / 2**20:.0f} MB "
                           f"needed, {free / 2**20:.0f} MB free)")
+
+
+def remove_temporaries(*paths: str | Path) -> None:
+    """Remove the temporary files that :func:`atomic_file` writes for ``paths`` (``.<name>.*`` beside each)
+    and a killed writer left behind. Only for a caller that owns the paths (no writer can be running)."""
+    for path in map(Path, paths):
+        for tmp in path.parent.glob(f".{glob.escape(path.name)}.*"):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                tmp.unlink()

@@ -12,6 +12,7 @@ import logging
 
 from pipelines import cli
 from pipelines.data.annotation_cache import build_cache, stale_reason
+from pipelines.data.coco import file_problem
 from pipelines.errors import DatasetError
 from pipelines.fileio import file_sha256
 
@@ -23,16 +24,19 @@ def main(argv: list[str] | None = None) -> None:
                           out="folder for the caches, one per split")
 
     manifest_path = args.prepared / "dataset.json"
+    if problem := (manifest_path.exists() and file_problem(manifest_path)):  # a FIFO would block the read
+        raise DatasetError(f"{manifest_path}: {problem}; run the prepare stage")
     try:
         splits = json.loads(manifest_path.read_text())["splits"]
-    except (OSError, ValueError, KeyError) as err:
+        entries = {split: (entry["annotations"], entry["images"]) for split, entry in splits.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise DatasetError(f"{manifest_path}: missing or unreadable ({err}); run the prepare stage") from None
 
-    for split, entry in splits.items():
-        source = args.prepared / entry["annotations"]
+    for split, (annotations, images) in entries.items():
+        source = args.prepared / annotations
         if not source.is_file():
             raise DatasetError(f"{source}: annotations of split {split!r} not found; run the prepare stage")
-        settings = {"source_sha256": file_sha256(source), "image_root": entry["images"], "drop_empty": split == "train"}
+        settings = {"source_sha256": file_sha256(source), "image_root": images, "drop_empty": split == "train"}
         reason = stale_reason(args.out / split, **settings)
         if reason is None:
             log.info("%s: cache up to date", split)

@@ -4,7 +4,8 @@ Writes ``<out>/{train,val}.json`` (validated COCO annotations), ``<out>/dataset.
 split's images are) and, for the synthetic dataset, ``<out>/images/``; plus the dataset's counts
 (images, annotations, crowd, clipped and rejected boxes, boxes per category and per COCO scale) as
 rows for ``dvc plots``, a bar chart, not headline metrics: their number grows with the classes. Nothing is replaced unless every split validates: every image decodes (with the
-decoder training uses) at the size its JSON states, and the train split has at least one usable box.
+decoder training uses) at the size its JSON states, no image has more than ``dataset.max_image_pixels``
+(read from its header, before decoding), and the train split has at least one usable box.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
                 source = Path(getattr(dataset, f"{split}_annotations"))
             log.info("validating %s split: %s (images in %s)", split, source, final_image_dir)
             cleaned, summary[split] = validate_coco(source, image_dir, decode=decode_image,
-                                                    require_boxes=split == "train")
+                                                    require_boxes=split == "train",
+                                                    max_image_pixels=dataset.max_image_pixels)
             if isinstance(dataset, SyntheticDataset):
                 source.unlink()
             write_json(tmp / f"{split}.json", cleaned, indent=None)

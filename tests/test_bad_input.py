@@ -9,11 +9,19 @@ training runs as a user starts it, in a subprocess.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import logging
 import os
+import re
+import shutil
+import stat
+import struct
 import subprocess
 import sys
+import threading
+import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,11 +37,12 @@ from pipelines import build, cli
 from pipelines.config import load_params
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
+from pipelines.errors import CacheError, ImageError
 
 from .conftest import REPO
 
 SIZES = {"a.jpg": (32, 24), "b.jpg": (24, 32), "c.jpg": (32, 24)}  # file name: (width, height)
-DATASET_KEYS = "name, train_images, train_annotations, val_images, val_annotations"
+DATASET_KEYS = "name, train_images, train_annotations, val_images, val_annotations, max_image_pixels"
 
 
 def save_image(path: Path, size: tuple[int, int], *, seed: int = 0, mode: str = "RGB", **options) -> None:
@@ -293,7 +302,7 @@ BAD = [
                  "image folder {real_images}", id="symlink-outside"),
     pytest.param(symlink_loop, "{images}/b.jpg: image id 2: cannot read the file (Too many levels of symbolic links)",
                  id="symlink-loop"),
-    pytest.param(folder_named_like_an_image, "{images}/b.jpg: image id 2: not a regular file",
+    pytest.param(folder_named_like_an_image, "{images}/b.jpg: image id 2: not a regular file (a folder)",
                  id="folder-named-jpg"),
     # empty or useless splits
     pytest.param(edit(lambda d: d.train.update(images=[], annotations=[])), "{train}: no images: the split is empty",
@@ -468,6 +477,307 @@ def test_all_unusual_valid_input_together_trains(data, mlflow_uri):
     for change in GOOD:
         change(data)
     _train(data, _prepare_and_cache(data), mlflow_uri)
+
+
+# --- images, ids, special files, full disks ---------------------------------------------------------------------
+# Members of the classes of issue 15 on the data side: resources bounded only by the machine (an image's
+# pixels, read from its header before anything decodes it), numbers checked only by their type (every
+# integer that crosses from the JSON into numpy: the annotation cache's int64 ids and int32 sizes, COCO
+# evaluation's annotation ids), special files where an image or a JSON should be, and a full disk during
+# any write. The table runs through the same check as BAD above.
+
+
+def png_header_bomb(path: Path, width: int, height: int) -> None:
+    """A valid 1-bit PNG of ``width`` x ``height`` black pixels, compressed row by row: 30000 x 30000 is
+    about 110 KB on disk and 112 MB of rows (2.7 GB as RGB) for a decoder, and never more than a row here."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    row = b"\0" * (1 + (width + 7) // 8)  # filter byte, then the bits
+    packer, parts = zlib.compressobj(9), []
+    for _ in range(height):
+        parts.append(packer.compress(row))
+    parts.append(packer.flush())
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", b"".join(parts)) + chunk(b"IEND", b""))
+
+
+def bomb(d: Data) -> None:
+    png_header_bomb(d.images / "a.jpg", 30000, 30000)  # the JSON still says 32x24: the limit is checked first
+
+
+def animated_gif(d: Data) -> None:
+    """c.jpg as a GIF of 3 frames of 32x24 (the size the JSON says): 2304 pixels to decode, against a limit of 2000."""
+    frames = [Image.new("RGB", SIZES["c.jpg"], (40 * i, 0, 0)) for i in range(3)]
+    frames[0].save(d.images / "c.jpg", format="GIF", save_all=True, append_images=frames[1:])
+    d.dataset["max_image_pixels"] = 2000
+
+
+def exif_rotated(d: Data) -> None:
+    """b.jpg, which the JSON says is 24x32, stored as 32x24 with EXIF orientation 6 (shown 24x32)."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    save_image(d.images / "b.jpg", (32, 24), exif=exif.tobytes())
+
+
+def non_finite_json(d: Data) -> None:
+    d.train["annotations"][1]["bbox"] = [4, 4, float("inf"), 12]  # json.dumps writes Infinity
+    d.raw["train"] = json.dumps(d.train).encode()
+
+
+def make_fifo(path: Path) -> None:
+    """A FIFO at ``path`` (replacing a file). If anything opens it for reading, a watchdog opens the other
+    end and closes it at once: a regression fails (the reader gets an empty file) rather than blocking for ever."""
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+    def unblock() -> None:
+        for _ in range(1200):  # 60 s
+            time.sleep(0.05)
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # succeeds only with a reader waiting
+            except OSError:
+                continue
+    threading.Thread(target=unblock, daemon=True).start()
+
+
+def fifo(name: str) -> Callable[[Data], None]:
+    return edit(lambda d: make_fifo(d.images / name))
+
+
+def special_file(name: str, mode: int, device: int = 0) -> Callable[[Data], None]:
+    def change(d: Data) -> None:
+        (d.images / name).unlink()
+        try:
+            os.mknod(d.images / name, mode | 0o644, device)
+        except PermissionError:
+            pytest.skip("creating a device node needs root")
+    return change
+
+
+def annotations_fifo(d: Data) -> None:
+    make_fifo(d.root / "fifo.json")
+    d.dataset["train_annotations"] = str(d.root / "fifo.json")
+
+
+BAD_FILES_AND_NUMBERS = [
+    # resources bounded only by the machine: pixels, read from the header
+    pytest.param(bomb, "{images}/a.jpg: image id 1: 30000x30000 pixels (900.0 megapixels) is more than "
+                 "dataset.max_image_pixels (268435456); raise that param to read this image", id="png-bomb-30000x30000"),
+    pytest.param(animated_gif, "{images}/c.jpg: image id 3: 32x24 pixels x 3 frames is more than "
+                 "dataset.max_image_pixels (2000); raise that param to read this image", id="gif-frames-over-limit"),
+    pytest.param(set_dataset("max_image_pixels", 700), "{images}/a.jpg: image id 1: 32x24 pixels is more than "
+                 "dataset.max_image_pixels (700); raise that param to read this image", id="limit-lowered"),
+    pytest.param(exif_rotated, "{images}/b.jpg: image id 2: file is 32x24 but train.json says 24x32, its size as "
+                 "shown with EXIF orientation 6 (turned 90 degrees clockwise); images are read as stored, without "
+                 "EXIF rotation: store the pixels rotated (e.g. exiftran -ai) or give the stored size",
+                 id="exif-rotated-size-mismatch"),
+    # numbers checked against what numpy holds, not only their type
+    pytest.param(set_key("train", "images", 0, "id", 2**63),
+                 "{train}: image id 9223372036854775808: 'id' must be from -9223372036854775808 to 9223372036854775807 "
+                 "(the annotation cache's int64 image ids), got 9223372036854775808", id="image-id-2**63"),
+    pytest.param(set_key("val", "images", 2, "id", -(2**63) - 1),  # beyond 64 bits, orjson reads a float
+                 "{val}: images[2]: expected an object with an integer 'id'", id="image-id-below-int64"),
+    pytest.param(set_key("train", "annotations", 2, "id", 2**63),
+                 "{train}: annotation id 9223372036854775808: 'id' must be from 1 to 9223372036854775807 (COCO "
+                 "evaluation, where 0 means an unmatched annotation and ids are int64), got 9223372036854775808",
+                 id="annotation-id-2**63"),
+    pytest.param(set_key("train", "annotations", 0, "id", 0),
+                 "{train}: annotation id 0: 'id' must be from 1 to 9223372036854775807 (COCO evaluation, where 0 "
+                 "means an unmatched annotation and ids are int64), got 0", id="annotation-id-0"),
+    pytest.param(set_key("train", "categories", 1, "id", 2**64 - 1),
+                 "{train}: category id 18446744073709551615: 'id' must be from -9223372036854775808 to "
+                 "9223372036854775807 (the annotation cache's int64 category ids), got 18446744073709551615",
+                 id="category-id-beyond-int64"),
+    pytest.param(set_key("train", "images", 1, "height", 2**31),
+                 "{train}: image id 2: 'height' must be at most 2147483647 (the annotation cache's int32 sizes), got "
+                 "2147483648", id="height-beyond-int32"),
+    pytest.param(edit(lambda d: (d.train["annotations"][1].__setitem__("bbox", [4, 4, 1e200, 1e200]),
+                                 d.train["annotations"][1].__delitem__("area"))),
+                 "{train}: annotation id 2: 'area' missing and the box's w x h is not finite, got [4, 4, 1e+200, "
+                 "1e+200]", id="area-of-huge-box-overflows"),
+    pytest.param(non_finite_json, "{train}: not valid JSON (unexpected character, expected a JSON value: line 1 "
+                 "column 363 (char 362); numbers must be finite: NaN and Infinity are not JSON)", id="bbox-infinity"),
+    pytest.param(raw("val", b'{"images": [], "annotations": [{"bbox": [1, NaN, 3, 4]}]}'),
+                 "{val}: not valid JSON (unexpected character, expected a JSON value: line 1 column 45 (char 44); "
+                 "numbers must be finite: NaN and Infinity are not JSON)", id="bbox-nan"),
+    pytest.param(raw("val", b'{"images": [], "annotations": [{"bbox": [1, 1e400, 3, 4]}]}'),
+                 "{val}: not valid JSON (number is infinity when parsed as double: line 1 column 45 (char 44))",
+                 id="bbox-1e400"),
+    # special files
+    pytest.param(fifo("a.jpg"), "{images}/a.jpg: image id 1: not a regular file (a FIFO)", id="fifo-named-jpg"),
+    pytest.param(special_file("c.jpg", stat.S_IFSOCK), "{images}/c.jpg: image id 3: not a regular file (a socket)",
+                 id="socket-named-jpg"),
+    pytest.param(special_file("b.jpg", stat.S_IFCHR, os.makedev(1, 3)),
+                 "{images}/b.jpg: image id 2: not a regular file (a character device)", id="device-named-jpg"),
+    pytest.param(annotations_fifo, "{root}/fifo.json: cannot read the annotation file: not a regular file (a FIFO)",
+                 id="annotation-json-a-fifo"),
+]
+
+
+@pytest.mark.parametrize("change, expected", BAD_FILES_AND_NUMBERS)
+def test_bad_images_numbers_and_special_files_stop_prepare_in_one_line(data, capsys, change, expected):
+    test_bad_input_stops_prepare_in_one_line(data, capsys, change, expected)
+
+
+def _no_free_space(monkeypatch) -> None:
+    """The other half of a simulated full disk (the caller patches a write to fail): 0 bytes free."""
+    monkeypatch.setattr("pipelines.fileio.shutil.disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
+
+
+def test_a_full_disk_during_prepare_keeps_the_previous_output(data, capsys, monkeypatch):
+    data.write()
+    data.prepare()
+    before = _snapshot(data)
+    capsys.readouterr()
+    real_write = Path.write_bytes
+
+    def write_half(path: Path, content: bytes) -> int:
+        real_write(path, content[: len(content) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_bytes", write_half)
+    _no_free_space(monkeypatch)
+    data.train["annotations"][0]["bbox"] = [3, 3, 10, 8]  # an input that changes the output
+    real_write(data.train_json, json.dumps(data.train).encode())
+    with pytest.raises(SystemExit) as stop:
+        data.prepare()
+    monkeypatch.undo()
+    stderr = capsys.readouterr().err
+    assert stop.value.code == 2, stderr
+    assert "Traceback" not in stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert re.fullmatch(rf"error: {re.escape(str(data.out))}/train\.json: no space left on device while writing it "
+                        r"\(about \d+(\.\d)?( KB| bytes) needed, 0 bytes free\); nothing was replaced", line), line
+    assert _snapshot(data) == before
+    assert not [p.name for p in data.root.iterdir() if p.name.startswith((".prepared", ".dataset.json"))]
+
+
+@pytest.mark.parametrize("failure", [
+    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),
+    RuntimeError("basic_ios::clear: iostream error"),
+    OSError(errno.ENOSPC, "No space left on device"),
+], ids=["torch-enforce-fail", "torch-iostream", "enospc"])
+def test_a_full_disk_during_a_checkpoint_save_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch, failure):
+    from pipelines import checkpoint
+
+    path = tmp_path / "model_0000004.pth"
+    checkpoint.save(path, model={"w": torch.ones(3)}, iteration=4)
+    before = path.read_bytes()
+    capsys.readouterr()
+
+    def save_half(state, file) -> None:
+        Path(file).write_bytes(before[:100])
+        raise failure
+
+    monkeypatch.setattr(checkpoint.torch, "save", save_half)
+    _no_free_space(monkeypatch)
+    with pytest.raises(SystemExit) as stop:
+        cli.run(lambda argv: checkpoint.save(path, model={"w": torch.zeros(3)}, iteration=6), [])
+    stderr = capsys.readouterr().err
+    assert stop.value.code == 2, stderr
+    assert stderr.strip().splitlines() == [f"error: {path}: no space left on device while writing it (more than "
+                                           "100 bytes needed, 0 bytes free); nothing was replaced"]
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_a_torch_write_failure_with_space_left_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    from pipelines import checkpoint
+
+    def fail(state, file) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    monkeypatch.setattr(checkpoint.torch, "save", fail)
+    monkeypatch.setattr("pipelines.fileio.shutil.disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
+    with pytest.raises(RuntimeError, match="inline_container"):
+        checkpoint.save(tmp_path / "m.pth", model={})
+    assert list(tmp_path.iterdir()) == []
+
+
+HAND_EDITS = [
+    pytest.param(lambda coco: [coco["images"][0].__setitem__("id", 2**63)] + [
+        a.__setitem__("image_id", 2**63) for a in coco["annotations"] if a["image_id"] == 1],
+        "{prepared}/train.json: image id 9223372036854775808: 'id' must be an integer from -9223372036854775808 to "
+        "9223372036854775807 (the cache's int64), got 9223372036854775808; run the prepare stage", id="image-id-2**63"),
+    pytest.param(lambda coco: coco["annotations"][1].__setitem__("category_id", 2**64 - 1),
+                 "{prepared}/train.json: annotation id 2: 'category_id' must be an integer from -9223372036854775808 "
+                 "to 9223372036854775807 (the cache's int64), got 18446744073709551615; run the prepare stage",
+                 id="category-ref-beyond-int64"),
+    pytest.param(lambda coco: coco["images"][2].__setitem__("width", 2**31),
+                 "{prepared}/train.json: image id 3: 'width' must be from 1 to 2147483647 (the cache's int32), got "
+                 "2147483648; run the prepare stage", id="width-beyond-int32"),
+]
+
+
+@pytest.mark.parametrize("edit_json, expected", HAND_EDITS)
+def test_the_cache_stage_names_an_out_of_range_number_in_a_hand_edited_prepared_folder(data, capsys, edit_json,
+                                                                                        expected):
+    cache = _prepare_and_cache(data)
+    before = {str(p.relative_to(cache)): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
+    train = data.out / "train.json"
+    coco = json.loads(train.read_text())
+    edit_json(coco)
+    train.write_text(json.dumps(coco))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        cli.run(stages.cache.main, ["--prepared", str(data.out), "--out", str(cache)])
+    stderr = capsys.readouterr().err
+    assert stop.value.code == 2, stderr
+    assert [line for line in stderr.splitlines() if line.startswith("error:")] == \
+        ["error: " + expected.format(prepared=data.out)]
+    assert {str(p.relative_to(cache)): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()} == before
+
+
+@pytest.mark.parametrize("name", ["meta.json", "boxes.npy"])
+def test_a_fifo_in_the_cache_is_named_by_the_loader_and_rebuilt_by_the_cache_stage(data, name):
+    cache = _prepare_and_cache(data)
+    make_fifo(cache / "train" / name)
+    with pytest.raises(CacheError, match=rf"^{re.escape(str(cache / 'train' / name))}: not a regular file \(a FIFO\); "
+                                         "rebuild"):
+        AnnotationCache(cache / "train")
+    cli.run(stages.cache.main, ["--prepared", str(data.out), "--out", str(cache)])  # rebuilds it, no wait
+    assert len(AnnotationCache(cache / "train", verify=True)) == len(data.train["images"])
+
+
+def test_the_data_loader_checks_the_header_before_decoding(data, monkeypatch):
+    """An image swapped for a bomb after prepare: the loader compares the header with the cache and
+    refuses it without decoding a pixel."""
+    cache = _prepare_and_cache(data)
+    png_header_bomb(data.images / "a.jpg", 30000, 30000)
+    import pipelines.data.decode as decode
+
+    def never(*args, **kwargs):
+        raise AssertionError("the decoder was called")
+
+    monkeypatch.setattr(decode, "_torchvision_decode", never)
+    dataset = DetectionDataset(AnnotationCache(cache / "val"), transforms=None)
+    index = int(np.flatnonzero(dataset.cache.image_ids == 1)[0])
+    with pytest.raises(ImageError) as err:
+        dataset.load(index)
+    assert str(err.value) == (f"{data.images}/a.jpg: file is 30000x30000 but the annotation cache says 32x24; the file "
+                              "changed after the prepare stage: run it again")
+
+
+def test_a_store_that_cannot_be_opened_fails_at_once_not_after_mlflow_retries(tmp_path, monkeypatch):
+    """A SQLite store whose file cannot be opened at all (here a folder in its place, as root can write
+    anywhere; a read-only folder without the database for other users) used to wait out OPEN_TIMEOUT
+    (30 s) through MLflow's 9 retries, past the documented 20 s bound; now it fails on the first open."""
+    import mlflow  # noqa: F401  (imported before the clock starts)
+
+    from pipelines import tracking
+
+    (tmp_path / "mlflow.db").mkdir()
+    for key in tracking.HTTP_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)  # restored after the test: the tracker sets them
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setattr(tracking, "OPEN_TIMEOUT", 8.0)  # a regression fails in 8 s rather than 30
+    started = time.monotonic()
+    tracker = tracking.Tracker.start(experiment="e", params={"a": 1})
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    tracker.finish()
+    assert tracker.run_id is None and tracker.offline
+    assert time.monotonic() - started < 5.0
 
 
 # --- names and numbers in params ------------------------------------------------------------------------------

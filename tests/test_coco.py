@@ -206,7 +206,7 @@ def test_decoder_gives_the_training_pixels_or_one_line(tmp_path):
         "cut.jpg": "unreadable image (Image is incomplete or truncated)",
         "text.jpg": "unreadable image (not a JPEG, PNG, WebP or GIF file)",
         "empty.jpg": "empty file",
-        "folder.jpg": "not a regular file",
+        "folder.jpg": "not a regular file (a folder)",
         "absent.jpg": "image file not found",
     }
     for name, reason in expected.items():

@@ -57,3 +57,72 @@ def test_atomic_writes_leave_the_old_file_on_failure_and_use_normal_permissions(
     name = tmp_path / f"{uuid.uuid4().hex}.bin"
     atomic_write_bytes(name, b"new")
     assert name.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_full_disk_during_any_atomic_write_is_one_line_and_keeps_the_previous_file(tmp_path):
+    """On a real full file system: torch.save (which loses the errno: "[enforce fail at inline_container.cc:672]
+    ..."), numpy's np.save (an OSError without errno: "... requested and ... written"), a plain write, and
+    files written inside an atomic folder; each gives one OutputError naming the file, nothing is replaced and
+    no temporary file stays."""
+    import numpy as np
+    import torch
+
+    from pipelines.fileio import atomic_dir
+
+    with _tmpfs(tmp_path / "full", "size=256k") as full:
+        target = full / "model.pth"
+        atomic_write_bytes(target, b"previous")
+
+        def np_save(tmp):
+            with open(tmp, "wb") as f:
+                np.save(f, np.zeros(200_000))
+
+        writes = {
+            "torch.save": lambda tmp: torch.save({"w": torch.zeros(200_000)}, str(tmp)),
+            "np.save": np_save,
+            "write_bytes": lambda tmp: tmp.write_bytes(b"\0" * 2**20),
+        }
+        for name, write in writes.items():
+            with pytest.raises(OutputError) as err, atomic_file(target) as tmp:
+                write(tmp)
+            assert str(err.value).startswith(f"{target}: no space left on device while writing it (more than "), name
+            assert str(err.value).endswith(" free); nothing was replaced"), name
+            assert target.read_bytes() == b"previous" and sorted(p.name for p in full.iterdir()) == ["model.pth"], name
+
+        folder = full / "cache"
+        with pytest.raises(OutputError) as err, atomic_dir(folder) as tmp:
+            np.save(tmp / "boxes.npy", np.zeros(200_000))
+        assert str(err.value).startswith(f"{folder}: no space left on device while writing it (more than ")
+        with pytest.raises(OutputError) as err, atomic_dir(folder) as tmp:
+            atomic_write_bytes(tmp / "train.json", b"\0" * 2**20)
+        assert str(err.value).startswith(f"{folder}/train.json: no space left on device while writing it (about 1.0 MB "
+                                         "needed, ")
+        assert sorted(p.name for p in full.iterdir()) == ["model.pth"]
+
+
+def test_torchvision_write_png_fails_silently_on_a_full_disk_so_the_preview_is_encoded_in_memory(tmp_path):
+    """Why pipelines.data.preview does not use torchvision's write_png: on a full disk it leaves a truncated
+    file without an error. The preview's own write reports it."""
+    import torch
+    from torchvision.io import encode_png, write_png
+
+    from pipelines.data.preview import augmentation_preview
+
+    noise = torch.randint(0, 256, (3, 400, 400), dtype=torch.uint8)
+    with _tmpfs(tmp_path / "full", "size=64k") as full:
+        write_png(noise, str(full / "silent.png"))  # no error, a truncated file
+        assert (full / "silent.png").stat().st_size < len(encode_png(noise).numpy().tobytes())
+        (full / "silent.png").unlink()
+
+        class Samples:  # two samples of noise, as DetectionDataset gives them
+            cache = type("Cache", (), {"categories": [{"id": 1, "name": "x"}]})()
+
+            def __len__(self):
+                return 2
+
+            def __getitem__(self, key):
+                return noise, {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)}, key
+
+        with pytest.raises(OutputError, match=r"preview\.png: no space left on device while writing it \(about "):
+            augmentation_preview(Samples(), Samples(), count=2, iteration=0, path=full / "preview.png")
+        assert list(full.iterdir()) == []

@@ -69,7 +69,8 @@ def test_readme_command_trains_on_data_outside_the_repository_and_watches_its_fo
     counts = {r["item"]: r["count"] for r in json.loads((repo / "metrics" / "dataset.json").read_text())}
     assert counts["train: images"] == counts["val: images"] == 33
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    assert params["dataset"] == {"name": "coco", **{k.split(".")[1]: str(v) for k, v in paths.items()}}
+    assert params["dataset"] == {"name": "coco", **{k.split(".")[1]: str(v) for k, v in paths.items()},
+                                 "max_image_pixels": 2**28}
     assert params["train"]["ims_per_batch"] == 4 and params["train"]["warmup_iters"] == 5  # the smoke solver
     assert json.loads((repo / "metrics" / "eval.json").read_text())["AP"] is not None
     categories = {r["item"] for r in json.loads((repo / "metrics" / "dataset.json").read_text())

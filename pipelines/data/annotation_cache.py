@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import CacheError, DatasetError
 from ..fileio import atomic_dir, file_sha256, write_json
-from .coco import gc_paused, read_annotations
+from .coco import INT32_MAX, file_problem, gc_paused, read_annotations
 
 FORMAT_VERSION = 3  # 2: per-array SHA-256 in meta.json; 3: no unread ``areas`` array
 ARRAYS = {
@@ -64,8 +64,9 @@ def build_cache(source: dict | str | Path, out_dir: str | Path, *, image_root: s
 
     The input is trusted to be structurally valid, as the prepare stage writes it
     (:func:`pipelines.data.coco.validate_coco`): every annotation has ``image_id``, ``category_id``,
-    ``bbox`` and ``iscrowd``; ids are integers. Dangling image or category ids and
-    duplicate image ids are still caught (cheaply) and raise :class:`DatasetError`.
+    ``bbox`` and ``iscrowd``; ids are integers. Dangling image or category ids, duplicate image ids,
+    integers that the arrays' dtypes cannot hold and boxes that are not finite (a prepared file edited
+    by hand) are still caught (cheaply) and raise :class:`DatasetError` naming the id.
 
     Args:
         source: path of the COCO JSON (parsed by :func:`read_annotations`, the fast way), or the
@@ -102,8 +103,18 @@ def build_cache(source: dict | str | Path, out_dir: str | Path, *, image_root: s
 def _columns(coco: dict, name: str) -> dict:
     """The fields the cache keeps, as numpy columns in file order; no per-box Python objects are made."""
 
-    def column(rows: list[dict], key: str, dtype) -> np.ndarray:
-        return np.fromiter(map(itemgetter(key), rows), dtype=dtype, count=len(rows))
+    def column(rows: list[dict], key: str, dtype, what: str) -> np.ndarray:
+        try:
+            return np.fromiter(map(itemgetter(key), rows), dtype=dtype, count=len(rows))
+        except (OverflowError, TypeError, ValueError):  # a value out of the dtype's range, or not an integer
+            limits = np.iinfo(dtype)
+            for row in rows:
+                value = row[key]
+                if not isinstance(value, int) or not limits.min <= value <= limits.max:
+                    raise DatasetError(f"{name}: {what} {row.get('id')!r}: '{key}' must be an integer from {limits.min} "
+                                       f"to {limits.max} (the cache's {limits.dtype}), got {value!r}; run the prepare "
+                                       "stage") from None
+            raise
 
     try:
         images, anns, categories = coco["images"], coco["annotations"], coco["categories"]
@@ -112,21 +123,32 @@ def _columns(coco: dict, name: str) -> dict:
         if (bbox_lengths != 4).any():
             index = int(np.flatnonzero(bbox_lengths != 4)[0])
             raise DatasetError(f"{name}: annotations[{index}]: 'bbox' must have 4 numbers; run the prepare stage")
-        return {
-            "image_ids": column(images, "id", np.int64),
-            "widths": column(images, "width", np.int64),
-            "heights": column(images, "height", np.int64),
+        columns = {
+            "image_ids": column(images, "id", np.int64, "image id"),
+            "widths": column(images, "width", np.int64, "image id"),
+            "heights": column(images, "height", np.int64, "image id"),
             "names": [im["file_name"].encode() for im in images],
-            "ann_image_ids": column(anns, "image_id", np.int64),
-            "ann_category_ids": column(anns, "category_id", np.int64),
-            "crowd": column(anns, "iscrowd", np.bool_),
+            "ann_image_ids": column(anns, "image_id", np.int64, "annotation id"),
+            "ann_category_ids": column(anns, "category_id", np.int64, "annotation id"),
+            "crowd": column(anns, "iscrowd", np.bool_, "annotation id"),
             "xywh": np.fromiter(chain.from_iterable(map(itemgetter("bbox"), anns)), dtype=np.float64,
                                 count=4 * m).reshape(m, 4),
             "categories": sorted(({"id": c["id"], "name": c["name"]} for c in categories), key=itemgetter("id")),
         }
+        column(categories, "id", np.int64, "category id")
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         problem = f"{type(err).__name__}: {err}"
         raise DatasetError(f"{name}: not a validated COCO file ({problem}); run the prepare stage") from None
+    for key in ("widths", "heights"):  # stored as int32
+        bad = np.flatnonzero((columns[key] < 1) | (columns[key] > INT32_MAX))
+        if len(bad):
+            raise DatasetError(f"{name}: image id {images[bad[0]]['id']}: '{key[:-1]}' must be from 1 to {INT32_MAX} "
+                               f"(the cache's int32), got {int(columns[key][bad[0]])}; run the prepare stage")
+    bad = np.flatnonzero(~np.isfinite(columns["xywh"]).all(axis=1))
+    if len(bad):
+        raise DatasetError(f"{name}: annotation id {anns[bad[0]].get('id')!r}: 'bbox' must be 4 finite numbers, got "
+                           f"{anns[bad[0]]['bbox']}; run the prepare stage")
+    return columns
 
 
 def _lookup(sorted_ids: np.ndarray, ids: np.ndarray, name: str, what: str) -> np.ndarray:
@@ -223,6 +245,8 @@ class AnnotationCache:
         arrays = {}
         for name, spec in self.meta["arrays"].items():
             file = self.path / f"{name}.npy"
+            if file.exists() and (problem := file_problem(file)):  # opening a FIFO would block for ever
+                raise CacheError(f"{file}: {problem}; rebuild it with the cache stage")
             try:
                 array = np.load(file, mmap_mode="r")
             except FileNotFoundError:
@@ -287,6 +311,8 @@ class AnnotationCache:
 def read_meta(path: str | Path) -> dict:
     """Read and check a cache's ``meta.json``; raises :class:`CacheError` if unusable."""
     file = Path(path) / "meta.json"
+    if file.exists() and (problem := file_problem(file)):  # opening a FIFO would block for ever
+        raise CacheError(f"{file}: {problem}; rebuild the cache")
     try:
         meta = json.loads(file.read_text())
     except FileNotFoundError:

@@ -5,12 +5,19 @@ and by the annotation cache.
 
 :func:`validate_coco` checks an annotation file and its image folder and returns a cleaned copy
 plus a summary. Structural problems (bad JSON, duplicate ids, dangling references, an empty split,
-missing, undecodable or mis-sized images, file names or symlinks that escape the image folder, a
-training split without a usable box) raise :class:`DatasetError` naming the file and the offending
-id. Box problems are repaired or dropped and counted: boxes slightly outside the image are clipped,
-degenerate boxes and boxes mostly outside the image are rejected.
+missing, undecodable or mis-sized images, images above ``dataset.max_image_pixels``, special files
+(a FIFO, a device, a folder) where an image or the JSON should be, file names or symlinks that escape
+the image folder, a training split without a usable box, integers that the annotation cache's numpy
+dtypes or COCO evaluation cannot hold, numbers that are not finite) raise :class:`DatasetError`
+naming the file and the offending id. Box problems are repaired or dropped and counted: boxes
+slightly outside the image are clipped, degenerate boxes and boxes mostly outside the image are
+rejected.
 
-Images are decoded by the decoder the caller passes (the prepare stage passes
+Each image's size is read from its header (PIL reads no pixels) and checked against the pixel limit
+and the JSON before anything decodes it: a decompression bomb (a 100 KB PNG of 30000 x 30000
+pixels) is refused in microseconds. The data loader checks the header against the annotation cache
+the same way (:func:`pipelines.data.decode.decode_image`), so no image bigger than the limit is ever
+decoded. Images are then decoded by the decoder the caller passes (the prepare stage passes
 :func:`pipelines.data.decode.decode_image`, the one training uses), so this module, which the cache
 stage imports for :func:`read_annotations`, needs neither torch nor torchvision.
 """
@@ -22,13 +29,17 @@ import gc
 import hashlib
 import math
 import os
+import stat
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import orjson
+from PIL import Image
 from tqdm import tqdm
 
 from ..errors import DatasetError, ImageError
@@ -40,6 +51,22 @@ MIN_INSIDE_FRACTION = 0.5  # a box with less of its area inside the image is rej
 # torchvision's decoders release the GIL, so threads decode in parallel: one per core, plus two to keep
 # the cores busy while other threads wait for file reads (see _check_image_files for the measurements).
 DECODE_THREADS = min(32, len(os.sched_getaffinity(0)) + 2) if hasattr(os, "sched_getaffinity") else 4
+# Images above this many pixels are decoded one at a time: the threads' peak memory is then about
+# DECODE_THREADS x 48 MB plus one image at the limit (768 MB at 2**28), not DECODE_THREADS of those.
+ONE_AT_A_TIME_PIXELS = 2**24
+# dataset.max_image_pixels in conf/dataset/*.yaml; the default of a caller that passes none.
+MAX_IMAGE_PIXELS = 2**28  # 256 megapixels, 16384 x 16384
+# What crosses into numpy: the annotation cache stores image and category ids as int64 and sizes as
+# int32; COCO evaluation (pycocotools, faster-coco-eval) keeps annotation ids in arrays where 0 means
+# "unmatched" (an annotation with id 0 silently scores as missed) and faster-coco-eval's are int64.
+INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
+# PIL's own bomb check (a warning above 89 megapixels, an error above 179) would fire at open, in its
+# words, before the limit above: the header checks below are the limit, and nothing here decodes.
+Image.MAX_IMAGE_PIXELS = None
+# The formats the decoder reads (torchvision: JPEG, PNG, WebP, GIF); PIL parses only their headers here.
+_HEADER_FORMATS = ("JPEG", "PNG", "WEBP", "GIF")
+_ORIENTATION_TAG = 0x0112
+_ROTATED = {5: "transposed", 6: "turned 90 degrees clockwise", 7: "transversed", 8: "turned 90 degrees counter-clockwise"}
 
 
 @contextlib.contextmanager
@@ -69,6 +96,8 @@ def read_annotations(path: str | Path) -> tuple[dict, str]:
         DatasetError: if the file is missing, unreadable or is not a JSON object.
     """
     path = Path(path)
+    if path.exists() and not path.is_dir() and (problem := file_problem(path)):  # a folder fails at once below
+        raise DatasetError(f"{path}: cannot read the annotation file: {problem}")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -80,14 +109,112 @@ def read_annotations(path: str | Path) -> tuple[dict, str]:
         try:
             coco = orjson.loads(data)
         except orjson.JSONDecodeError as err:
-            raise DatasetError(f"{path}: not valid JSON ({err})") from None
+            raise DatasetError(f"{path}: not valid JSON ({err}{_not_a_number(data, err.pos)})") from None
     if not isinstance(coco, dict):
         raise DatasetError(f"{path}: expected a JSON object with images, annotations and categories")
     return coco, sha256
 
 
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a readable regular file, found without opening it (opening a FIFO blocks for
+    ever; a device or a socket never ends or fails oddly); None if it is one."""
+    name = os.fspath(path)
+    try:
+        mode = os.stat(name).st_mode
+    except FileNotFoundError:
+        broken = f" (broken symlink to {os.readlink(name)})" if os.path.islink(name) else ""
+        return "image file not found" + broken
+    except (OSError, ValueError) as err:  # a symlink loop, permission, name too long, a NUL or undecodable character
+        text = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
+        return f"cannot read the file ({text})"
+    if not stat.S_ISREG(mode):
+        kind = next((kind for test, kind in _FILE_KINDS if test(mode)), "a special file")
+        return f"not a regular file ({kind})"
+    return None
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_a_number(data: bytes, pos: int | None) -> str:
+    """A hint when JSON parsing stopped at ``NaN`` or ``Infinity`` (which Python's json.dump writes)."""
+    if pos is not None and data[pos:pos + 9].lstrip(b"-").startswith((b"NaN", b"Infinity")):
+        return "; numbers must be finite: NaN and Infinity are not JSON"
+    return ""
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image file's header says: ``width`` x ``height`` pixels, ``frames`` (an animated GIF's
+    decoder decodes them all)."""
+
+    width: int
+    height: int
+    frames: int = 1
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height * self.frames
+
+    def describe(self) -> str:
+        """``30000x30000 pixels (900.0 megapixels)``, ``32x24 pixels x 3 frames``."""
+        text = f"{self.width}x{self.height} pixels" + (f" x {self.frames} frames" if self.frames > 1 else "")
+        return text + (f" ({self.pixels / 1e6:.1f} megapixels)" if self.pixels >= 10**5 else "")
+
+
+def read_image_header(file: str | Path) -> ImageHeader | None:
+    """The image's size from its header, without decoding its pixels (PIL reads only the header; a
+    GIF's frames are counted by skipping through them). None if the file is not one of the formats the
+    decoder reads or its header is broken: the decoder then says what is wrong."""
+    try:
+        with Image.open(file, formats=_HEADER_FORMATS) as image:
+            frames = getattr(image, "n_frames", 1) if image.format == "GIF" else 1
+            return ImageHeader(image.width, image.height, frames)
+    except Exception:  # PIL raises many kinds for a broken header; the decoder's message is the one to give
+        return None
+
+
+def exif_orientation(file: str | Path) -> int:
+    """The EXIF orientation (1-8) the file's header carries, 1 if none; nothing is decoded."""
+    try:
+        with Image.open(file, formats=_HEADER_FORMATS) as image:
+            exif = image.info.get("exif")  # read with the header for JPEG, PNG (eXIf before the pixels), WebP
+            if not exif:
+                return 1
+            tags = Image.Exif()
+            tags.load(exif)
+            value = tags.get(_ORIENTATION_TAG, 1)
+            return value if isinstance(value, int) and 1 <= value <= 8 else 1
+    except Exception:
+        return 1
+
+
+def too_many_pixels(header: ImageHeader, max_image_pixels: int) -> str | None:
+    """Why an image of ``header`` may not be decoded under ``max_image_pixels``; None if it may."""
+    if header.pixels <= max_image_pixels:
+        return None
+    return (f"{header.describe()} is more than dataset.max_image_pixels ({max_image_pixels}); raise that param "
+            "to read this image")
+
+
+def size_mismatch(header: ImageHeader, file: str | Path, width: int, height: int, source: str) -> str | None:
+    """Why an image of ``header`` is not the ``width`` x ``height`` that ``source`` says; None if it is.
+    Names the EXIF orientation when that explains the swap."""
+    if (header.width, header.height) == (width, height):
+        return None
+    text = f"file is {header.width}x{header.height} but {source} says {width}x{height}"
+    if (header.width, header.height) == (height, width):
+        orientation = exif_orientation(file)
+        if orientation in _ROTATED:
+            text += (f", its size as shown with EXIF orientation {orientation} ({_ROTATED[orientation]}); images are "
+                     "read as stored, without EXIF rotation: store the pixels rotated (e.g. exiftran -ai) or give the "
+                     "stored size")
+    return text
+
+
 def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, decode: Callable[[Path], Any],
-                  require_boxes: bool = False) -> tuple[dict, dict]:
+                  require_boxes: bool = False, max_image_pixels: int = MAX_IMAGE_PIXELS) -> tuple[dict, dict]:
     """Validate a COCO annotation file against its image folder.
 
     Every image is decoded in full (in parallel threads) to check that the file exists inside the
@@ -100,6 +227,8 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, decode
             (the prepare stage passes :func:`pipelines.data.decode.decode_image`).
         require_boxes: the split is for training: at least one box must remain that is not a crowd
             region.
+        max_image_pixels: the most pixels an image may have (``dataset.max_image_pixels``), checked
+            from its header before it is decoded.
 
     Returns:
         ``(cleaned, summary)``: the annotations with repaired boxes (rejected ones removed, ``area``
@@ -128,7 +257,7 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, decode
     category_ids = {c["id"] for c in categories}
     for im in images:
         _check_file_name(path, im)
-    _check_image_files(path, Path(image_dir), images, decode)
+    _check_image_files(path, Path(image_dir), images, decode, max_image_pixels)
 
     counts: Counter[str] = Counter()
     kept = []
@@ -211,6 +340,7 @@ def _check_image_entry(path: Path, index: int, entry) -> dict:
     if not isinstance(entry, dict) or not _is_int(entry.get("id")):
         raise DatasetError(f"{path}: images[{index}]: expected an object with an integer 'id'")
     image_id = entry["id"]
+    _check_int64(path, f"image id {image_id}", "id", image_id, INT64_MIN, "the annotation cache's int64 image ids")
     if not isinstance(entry.get("file_name"), str) or not entry["file_name"]:
         raise DatasetError(f"{path}: image id {image_id}: 'file_name' must be a non-empty string")
     for key in ("width", "height"):
@@ -218,12 +348,17 @@ def _check_image_entry(path: Path, index: int, entry) -> dict:
             raise DatasetError(
                 f"{path}: image id {image_id}: '{key}' must be a positive integer, got {_brief(entry.get(key))}"
             )
+        if entry[key] > INT32_MAX:
+            raise DatasetError(f"{path}: image id {image_id}: '{key}' must be at most {INT32_MAX} (the annotation "
+                               f"cache's int32 sizes), got {entry[key]}")
     return {"id": image_id, "file_name": entry["file_name"], "width": entry["width"], "height": entry["height"]}
 
 
 def _check_category_entry(path: Path, index: int, entry) -> dict:
     if not isinstance(entry, dict) or not _is_int(entry.get("id")):
         raise DatasetError(f"{path}: categories[{index}]: expected an object with an integer 'id'")
+    _check_int64(path, f"category id {entry['id']}", "id", entry["id"], INT64_MIN,
+                 "the annotation cache's int64 category ids")
     if not isinstance(entry.get("name"), str):
         raise DatasetError(f"{path}: category id {entry['id']}: 'name' must be a string")
     return {"id": entry["id"], "name": entry["name"], "supercategory": entry.get("supercategory", "")}
@@ -233,6 +368,8 @@ def _check_annotation_entry(path: Path, index: int, entry) -> dict:
     if not isinstance(entry, dict) or not _is_int(entry.get("id")):
         raise DatasetError(f"{path}: annotations[{index}]: expected an object with an integer 'id'")
     ann_id = entry["id"]
+    _check_int64(path, f"annotation id {ann_id}", "id", ann_id, 1,
+                 "COCO evaluation, where 0 means an unmatched annotation and ids are int64")
     for key in ("image_id", "category_id"):
         if not _is_int(entry.get(key)):
             raise DatasetError(
@@ -243,14 +380,21 @@ def _check_annotation_entry(path: Path, index: int, entry) -> dict:
         raise DatasetError(
             f"{path}: annotation id {ann_id}: 'bbox' must be a list of 4 numbers [x, y, w, h], got {_brief(bbox)}"
         )
+    if not all(math.isfinite(v) for v in bbox):
+        raise DatasetError(f"{path}: annotation id {ann_id}: 'bbox' must be 4 finite numbers, got {_brief(bbox)}")
     iscrowd = entry.get("iscrowd", 0)
     if iscrowd not in (0, 1):
         raise DatasetError(f"{path}: annotation id {ann_id}: 'iscrowd' must be 0 or 1, got {_brief(iscrowd)}")
     area = entry.get("area")
     if area is None:
-        area = bbox[2] * bbox[3]
+        area = float(bbox[2]) * float(bbox[3])
+        if not math.isfinite(area):
+            raise DatasetError(f"{path}: annotation id {ann_id}: 'area' missing and the box's w x h is not finite, "
+                               f"got {_brief(bbox)}")
     elif not _is_number(area) or area < 0:
         raise DatasetError(f"{path}: annotation id {ann_id}: 'area' must be a number >= 0, got {_brief(area)}")
+    elif not math.isfinite(float(area)):
+        raise DatasetError(f"{path}: annotation id {ann_id}: 'area' must be a finite number, got {_brief(area)}")
     cleaned = {
         "id": ann_id,
         "image_id": entry["image_id"],
@@ -262,6 +406,12 @@ def _check_annotation_entry(path: Path, index: int, entry) -> dict:
     if "segmentation" in entry:
         cleaned["segmentation"] = entry["segmentation"]
     return cleaned
+
+
+def _check_int64(path: Path, where: str, key: str, value: int, low: int, used_by: str) -> None:
+    """``value`` (an int) must lie in ``low`` .. 2**63-1, the range of ``used_by``."""
+    if not low <= value <= INT64_MAX:
+        raise DatasetError(f"{path}: {where}: '{key}' must be from {low} to {INT64_MAX} ({used_by}), got {value}")
 
 
 def _no_duplicates(path: Path, what: str, ids: list) -> None:
@@ -286,8 +436,9 @@ def _check_file_name(path: Path, image: dict) -> None:
         )
 
 
-def _check_image_files(path: Path, image_dir: Path, images: list[dict], decode: Callable[[Path], Any]) -> None:
-    """Decode every image in threads; raise on the first problem in the JSON's order.
+def _check_image_files(path: Path, image_dir: Path, images: list[dict], decode: Callable[[Path], Any],
+                       max_image_pixels: int) -> None:
+    """Check every image's header, then decode it, in threads; raise on the first problem in the JSON's order.
 
     torchvision's decoders release the GIL while they decode: on 2 idle cores, a pure-Python thread
     runs at full speed while another thread decodes, and decoding the 512 synthetic 256-416 px JPEGs
@@ -297,14 +448,24 @@ def _check_image_files(path: Path, image_dir: Path, images: list[dict], decode: 
     if not image_dir.is_dir():
         raise DatasetError(f"{image_dir}: image folder not found (for {path})")
     root = Path(os.path.realpath(image_dir))
+    large = threading.Lock()
 
     def problem(image: dict) -> tuple[Path, str | None]:
         file = image_dir / image["file_name"]
         real = Path(os.path.realpath(file))
         if real != root and not real.is_relative_to(root):
             return file, f"links to {real}, outside the image folder {root}"
+        if text := file_problem(file):
+            return file, text
+        header = read_image_header(file)  # sizes from the header: nothing too large is decoded
+        if header is not None:
+            text = too_many_pixels(header, max_image_pixels) or \
+                size_mismatch(header, file, image["width"], image["height"], path.name)
+            if text:
+                return file, text
         try:
-            height, width = decode(file).shape[-2:]
+            with large if header is None or header.pixels > ONE_AT_A_TIME_PIXELS else contextlib.nullcontext():
+                height, width = decode(file).shape[-2:]
         except ImageError as err:
             return file, err.reason or str(err)
         if (width, height) != (image["width"], image["height"]):

@@ -38,7 +38,10 @@ class DetectionDataset(Dataset):
 
     def load(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The stored image and its boxes, before any transform."""
-        image = decode_image(self.cache.image_path(index))
+        # The header must say the size the cache holds (which prepare checked against the pixel limit)
+        # before any pixel is decoded: an image swapped for a larger one since is refused, not decoded.
+        width, height = (int(v) for v in self.cache.sizes[index])
+        image = decode_image(self.cache.image_path(index), size=(width, height))
         boxes, labels, crowd = self.cache.annotations(index)
         keep = ~crowd if self.skip_crowd else np.ones(len(crowd), dtype=bool)
         target = {

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from torchvision.io import write_png
+from torchvision.io import encode_png
 from torchvision.utils import draw_bounding_boxes, make_grid
 
+from ..fileio import atomic_write_bytes
 from .collate import pad_images
 
 PALETTE = ("#e6194b", "#3cb44b", "#ffe119", "#4363d8", "#f58231", "#911eb4", "#46f0f0", "#f032e6", "#bcf60c",
@@ -37,6 +38,7 @@ def augmentation_preview(plain, augmented, *, count: int, iteration: int, path: 
     tiles = [draw_sample(*dataset[(i, iteration)][:2], names) for dataset in (plain, augmented) for i in indices]
     grid = make_grid(list(pad_images(tiles, 1)), nrow=len(indices), padding=4, pad_value=255)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_png(grid, str(path))
+    # Encoded in memory and written by Python: torchvision's write_png leaves a truncated file, without
+    # an error, on a full disk.
+    atomic_write_bytes(path, encode_png(grid).numpy().tobytes())
     return path
