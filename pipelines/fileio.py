@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import glob
 import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -53,9 +55,13 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_file(path: str | Path, *, size: int | None = None) -> Iterator[Path]:
-    """Yield a temporary path beside ``path`` (``.<name>.<random>``) to write; on success it replaces
-    ``path`` in one rename. If the body raises, the temporary file is removed and ``path`` is left
-    as it was.
+    """Yield a temporary path to write; on success its file replaces ``path`` in one rename. If the body
+    raises, the temporary file is removed and ``path`` is left as it was.
+
+    On Linux the file is unnamed until the write is complete (``O_TMPFILE``, yielded as
+    ``/proc/self/fd/N``, which any writer can open), so a writer killed mid-write, even by SIGKILL,
+    leaves nothing behind; it is then linked beside ``path`` (``.<name>.<random>``) and renamed.
+    Elsewhere, or where the filesystem has no ``O_TMPFILE``, the temporary file is named from the start.
 
     A write that fails for lack of space (``ENOSPC``, ``EDQUOT``; or, where the writer loses the errno,
     as ``torch.save`` and numpy do, a failed write on a disk that is now full) raises
@@ -64,21 +70,56 @@ def atomic_file(path: str | Path, *, size: int | None = None) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
+    anonymous = _unnamed_file(path.parent)
+    if anonymous is None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(fd)
+    else:
+        tmp = f"/proc/self/fd/{anonymous}"
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would create it (mkstemp makes it private)
         yield Path(tmp)
         with open(tmp, "rb+") as f:  # on disk before the rename, so a power loss cannot leave it empty
             os.fsync(f.fileno())
+        if anonymous is not None:
+            tmp = _link_unnamed(tmp, path)
         os.replace(tmp, path)
     except BaseException as err:
-        full = None if isinstance(err, OutputError) else _out_of_space(err, Path(tmp), written=_size_of(tmp), size=size)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        full = None if isinstance(err, OutputError) else _out_of_space(err, path, written=_size_of(tmp), size=size)
+        if anonymous is None or not tmp.startswith("/proc/"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         if full:
             raise OutputError(f"{path}: {full}; nothing was replaced") from None
         raise
+    finally:
+        if anonymous is not None:
+            os.close(anonymous)
+
+
+_AT_FDCWD, _AT_SYMLINK_FOLLOW = -100, 0x400
+
+
+def _unnamed_file(folder: Path) -> int | None:
+    """A descriptor of a new unnamed file in ``folder`` (Linux ``O_TMPFILE``), or None where there is none."""
+    if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except OSError:  # a filesystem without O_TMPFILE (EOPNOTSUPP; EISDIR on old kernels)
+        return None
+
+
+def _link_unnamed(proc_path: str, path: Path) -> str:
+    """Give the unnamed file at ``proc_path`` a temporary name beside ``path``; return that name.
+    (``linkat`` with ``AT_SYMLINK_FOLLOW`` through libc: Python 3.11's ``os.link`` does not follow
+    ``/proc/self/fd`` links.)"""
+    name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.linkat(_AT_FDCWD, proc_path.encode(), _AT_FDCWD, os.fsencode(name), _AT_SYMLINK_FOLLOW) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), name)
+    return name
 
 
 # Writers that lose the errno of a failed write: torch.save ("[enforce fail at inline_container.cc:672] .

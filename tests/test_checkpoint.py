@@ -18,6 +18,8 @@ def _write_forever(folder: str, state: dict) -> None:
     iteration = 0
     while True:
         iteration += 1
+        with open(f"{folder}/writing", "w") as f:  # which write a kill interrupted (not a checkpoint name)
+            f.write(str(iteration))
         checkpoint.save(f"{folder}/model_{iteration:07d}.pth", model=state, optimizer={}, scheduler={},
                         iteration=iteration, fingerprint="f")
         for old in sorted(os.listdir(folder))[:-3]:
@@ -36,9 +38,11 @@ def test_twenty_kills_during_checkpoint_writes_never_leave_a_loadable_partial_fi
         time.sleep(rng.uniform(0.1, 0.4))
         os.kill(writer.pid, signal.SIGKILL)  # only the process this test started, by pid
         writer.join()
-        interrupted_writes += any(p.name.startswith(".model_") for p in tmp_path.iterdir())
+        writing = int((tmp_path / "writing").read_text() or 0)
+        interrupted_writes += not (tmp_path / f"model_{writing:07d}.pth").exists()
+        # the file is unnamed until complete (O_TMPFILE): a killed write leaves no file at all
+        assert not any(p.name.startswith(".model_") for p in tmp_path.iterdir())
         found = Checkpointer(tmp_path, keep=3, fingerprint="f").latest()
-        assert not any(p.name.startswith(".model_") for p in tmp_path.iterdir())  # temporary files cleared
         if found is not None:
             path, loaded = found
             assert loaded["iteration"] == int(path.stem.split("_")[1])
