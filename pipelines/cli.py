@@ -103,5 +103,8 @@ def _record(line: str) -> None:
     """Write ``line`` where torchrun's agent reads a failed process's message (its error-file format)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if path:
-        with open(path, "w") as f:
-            json.dump({"message": line, "timestamp": int(time.time())}, f)
+        try:
+            with open(path, "w") as f:
+                json.dump({"message": line, "timestamp": int(time.time())}, f)
+        except OSError:  # a full disk: the launcher then names the process and its exit code instead
+            pass

@@ -278,6 +278,8 @@ def load_params(path: str | Path = "params.yaml", *, world_size: int | None = No
         ConfigError: on a missing file, unknown key, wrong type or impossible value.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path}: not a regular file; expected the parameters (YAML)")
     if not path.is_file():
         raise ConfigError(f"{path}: file not found (run from the repository root, or compose conf/)")
     return params_from_text(read_yaml_text(path), source=str(path), world_size=world_size)

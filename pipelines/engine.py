@@ -22,7 +22,7 @@ from tqdm import tqdm
 from . import distributed
 from .checkpoint import Checkpointer
 from .data.collate import Batch
-from .errors import STOP_SIGNALS, Stopped, TrainingError
+from .errors import STOP_SIGNALS, OutputError, Stopped, TrainingError
 from .fileio import atomic_file
 from .tracking import Tracker
 
@@ -52,15 +52,24 @@ class MetricLog:
             self._writer = csv.DictWriter(self._file, fieldnames=fields)
 
     def write(self, row: dict[str, float]) -> None:
+        """Append ``row`` (the file is flushed, so a kill loses no row written before it).
+
+        Raises:
+            OutputError: the log cannot be written (a full disk), naming the file.
+        """
         if self.path is None:
             return
-        if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "w", newline="")
-            self._writer = csv.DictWriter(self._file, fieldnames=list(row))
-            self._writer.writeheader()
-        self._writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
-        self._file.flush()
+        try:
+            if self._writer is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "w", newline="")
+                self._writer = csv.DictWriter(self._file, fieldnames=list(row))
+                self._writer.writeheader()
+            self._writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+            self._file.flush()
+        except OSError as err:
+            raise OutputError(f"{self.path}: cannot write the training log ({err.strerror or err}); the last "
+                              "checkpoint is kept, free space and run the stage again to resume") from None
 
     def close(self) -> None:
         if self._file:

@@ -159,8 +159,9 @@ class FolderLock:
                 raise OutputError(f"{self.path}: cannot lock the training folder ({err.strerror or err})") from None
         record = {"pid": os.getpid(), "host": socket.gethostname(), "job": self.job,
                   "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        with contextlib.suppress(OSError):  # only for the refusal message: a full disk must not stop the run
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         self._fd = fd
         return self
 

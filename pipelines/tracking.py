@@ -143,6 +143,8 @@ def write_run_file(path: str | Path, *, run_id: str | None, experiment: str, **f
 def read_run_file(path: str | Path) -> dict[str, Any]:
     """What a run file of an earlier start holds: ``{}`` if there is none or it is unreadable (a
     stage then starts a new run)."""
+    if not Path(path).is_file():  # none, or a special file that would block the read
+        return {}
     try:
         fields = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -153,6 +155,8 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
 def read_run_id(path: str | Path) -> str | None:
     """The run id in a file written by :func:`write_run_file`, None if it holds ``null`` (the train
     stage ran without tracking); a :class:`TrackingError` if the file is unusable."""
+    if Path(path).exists() and not Path(path).is_file():
+        raise TrackingError(f"{path}: not a regular file; expected the run file of the train stage")
     try:
         run_id = json.loads(Path(path).read_text())["run_id"]
     except (OSError, ValueError, KeyError, TypeError) as err:

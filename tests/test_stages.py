@@ -153,3 +153,24 @@ def test_a_full_output_folder_stops_training_before_it_starts(base_params, tmp_p
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "checkpoints: No space left on device for the outputs" in errors[0]
     assert "train:" not in done.stderr and "Traceback" not in done.stderr  # reported before training starts
+
+
+def test_a_second_trainer_on_the_same_outputs_is_refused_in_one_line(base_params, tmp_path):
+    """Rank 0 holds a lock on the training folder; here the test holds it, as a trainer still running would."""
+    from pipelines.lifetime import FolderLock
+
+    params = copy.deepcopy(base_params)
+    params["dataset"].update(train_size=6, val_size=3, min_side=128, max_side=160)
+    params["train"].update(nproc=1, ims_per_batch=2, max_iter=2, warmup_iters=1)
+    path = _write_params(tmp_path / "params.yaml", params)
+    assert _run("stages.prepare", "--params", path, "--out", "prepared", "--metrics", "m.json", cwd=tmp_path).returncode == 0
+    assert _run("stages.cache", "--prepared", "prepared", "--out", "cache", cwd=tmp_path).returncode == 0
+    with FolderLock(tmp_path / "train" / "checkpoints", job="another"):
+        done = _run("stages.train", "--params", path, "--cache", "cache", "--out", "train", "--train-log", "log.csv",
+                    "--preview", "p.png", cwd=tmp_path)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: train/checkpoints: another training run is using this folder (pid {os.getpid()} on "
+                      f"{os.uname().nodename}, started {errors[0].split('started ')[1].split(')')[0]}); wait for it "
+                      "to end or stop it, then run the stage again"], done.stderr[-2000:]
+    assert not (tmp_path / "train" / "model_final.pth").exists() and not list((tmp_path / "train" / "checkpoints").glob("model_*"))
