@@ -261,11 +261,9 @@ def _lock_tags(lock_file: Path, stage: str) -> dict[str, str]:
     of the stages before ``stage`` (in the order of ``dvc.yaml`` beside ``lock_file``, else of the
     lock file): the data and model that ``stage`` reads, and the data they were made from. These
     entries are final when ``stage`` runs (DVC writes a stage's own entry only after it ends)."""
-    import yaml
-
-    stages = (yaml.safe_load(lock_file.read_text()) or {}).get("stages", {})
+    stages = _bounded_yaml(lock_file).get("stages") or {}
     pipeline = lock_file.with_name("dvc.yaml")
-    order = list((yaml.safe_load(pipeline.read_text()) or {}).get("stages", {})) if pipeline.is_file() else []
+    order = list(_bounded_yaml(pipeline).get("stages") or {}) if pipeline.is_file() else []
     order += [name for name in stages if name not in order]
     tags = {}
     for name in order[: order.index(stage)] if stage in order else []:
@@ -275,6 +273,22 @@ def _lock_tags(lock_file: Path, stage: str) -> dict[str, str]:
             if item.get("path") and digest and not str(item["path"]).startswith(CODE_FOLDERS):
                 tags[_TAG_KEY.sub("_", f"dvc.lock/{name}/{item['path']}")[:250]] = str(digest)
     return tags
+
+
+def _bounded_yaml(path: Path) -> dict:
+    """A YAML mapping read with the size and alias-expansion bounds of ``params.yaml``; ``{}`` where it
+    is unusable (lineage tags are worth no stop)."""
+    from omegaconf import OmegaConf
+
+    from .config import parse_yaml, read_yaml_text
+    from .errors import ConfigError
+
+    try:
+        tree = OmegaConf.to_container(parse_yaml(read_yaml_text(path), str(path)))
+    except ConfigError as err:
+        log.info("%s: not used for lineage tags (%s)", path, err)
+        return {}
+    return tree if isinstance(tree, dict) else {}
 
 
 def stage_tags(stage: str, *, params_file: str | Path, cache: str | Path | None = None,
