@@ -74,5 +74,5 @@ def test_a_bad_params_file_is_one_line(tmp_path):
     bad.write_text("model: [")
     done = subprocess.run([sys.executable, "-m", "pipelines.doctor", "--params", str(bad)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.startswith(f"error: {bad}: not valid YAML")
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {bad}:1:9: not valid YAML")  # line and column
     assert len(done.stderr.strip().splitlines()) == 1
