@@ -3,8 +3,10 @@
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -174,3 +176,28 @@ def test_a_second_trainer_on_the_same_outputs_is_refused_in_one_line(base_params
                       f"{os.uname().nodename}, started {errors[0].split('started ')[1].split(')')[0]}); wait for it "
                       "to end or stop it, then run the stage again"], done.stderr[-2000:]
     assert not (tmp_path / "train" / "model_final.pth").exists() and not list((tmp_path / "train" / "checkpoints").glob("model_*"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM])
+def test_a_stop_signal_during_prepare_is_one_line_and_leaves_the_previous_output(base_params, tmp_path, signum):
+    """Every stage reads the three stop signals alike: ``error: stopped by <SIGNAL>``, exit 128 + its number,
+    and its outputs as they were (prepare writes its folder in one rename at the end)."""
+    params = copy.deepcopy(base_params)
+    params["dataset"].update(train_size=4000, val_size=8, min_side=320, max_side=480)
+    path = _write_params(tmp_path / "params.yaml", params)
+    (tmp_path / "prepared").mkdir()
+    (tmp_path / "prepared" / "earlier").write_text("kept")
+    env = {k: v for k, v in os.environ.items() if k != "PIPELINES_DEBUG"}
+    env["PYTHONPATH"] = str(REPO)
+    stage = subprocess.Popen([sys.executable, "-m", "stages.prepare", "--params", path, "--out", "prepared",
+                              "--metrics", "m.json"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(".prepared.") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.02)  # until it writes into its temporary folder
+    stage.send_signal(signum)
+    _, stderr = stage.communicate(timeout=120)
+    assert stage.returncode == 128 + signum
+    assert [line for line in stderr.splitlines() if line.startswith("error:")] == [f"error: stopped by {signum.name}"]
+    assert "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "prepared"]  # no temporary folder left
+    assert [p.name for p in (tmp_path / "prepared").iterdir()] == ["earlier"]
