@@ -43,9 +43,13 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def save(path: str | Path, **state: Any) -> None:
-    """``torch.save`` to a temporary file, flushed, then renamed: a crash never leaves a truncated checkpoint."""
-    with atomic_file(path) as tmp:
-        torch.save(state, str(tmp))
+    """``torch.save`` to a temporary file, flushed, then renamed: a crash never leaves a truncated checkpoint.
+
+    Saved through a file object, so the archive inside is named ``archive`` whatever the temporary
+    file is called (given a path, ``torch.save`` names it after the file): the same state gives the
+    same bytes."""
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        torch.save(state, f)
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -78,3 +78,18 @@ def test_rng_state_carries_the_cuda_generator_where_cuda_is_in_use(tmp_path, mon
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU run: no CUDA entry, nothing restored
     assert "cuda" not in checkpoint.rng_state()
+
+
+def test_the_same_state_gives_the_same_bytes_whatever_the_temporary_file(tmp_path):
+    """The temporary file is ``/proc/self/fd/N`` until complete: its descriptor's number, which depends on
+    what else the process has open, must not reach the bytes (``torch.save`` given a path names its
+    archive after the file)."""
+    state = {"model": {"w": torch.arange(6.0)}, "iteration": 3}
+    checkpoint.save(tmp_path / "a.pth", **state)
+    held = [open(tmp_path / f"held{i}", "w") for i in range(5)]  # other descriptors in between
+    try:
+        checkpoint.save(tmp_path / "b.pth", **state)
+    finally:
+        for f in held:
+            f.close()
+    assert (tmp_path / "a.pth").read_bytes() == (tmp_path / "b.pth").read_bytes()
