@@ -667,8 +667,9 @@ def test_a_full_disk_during_a_checkpoint_save_keeps_the_previous_checkpoint(tmp_
     before = path.read_bytes()
     capsys.readouterr()
 
-    def save_half(state, file) -> None:
-        Path(file).write_bytes(before[:100])
+    def save_half(state, file) -> None:  # checkpoint.save gives torch.save an open file
+        file.write(before[:100])
+        file.flush()
         raise failure
 
     monkeypatch.setattr(checkpoint.torch, "save", save_half)
