@@ -45,8 +45,8 @@ def setup_logging(rank: int = 0) -> None:
 def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
     """Run a stage's ``main``; an error becomes one line, ``error: <message>``, and an exit code.
 
-    A :class:`PipelineError` exits with its ``exit_code`` (2, or 128 + the signal's number for a stop by
-    SIGTERM, SIGINT or SIGHUP, which every stage reads alike); any other
+    A :class:`PipelineError` exits with its ``exit_code`` (2), a :class:`Stopped` with 128 + the signal's
+    number (SIGTERM, SIGINT or SIGHUP, which every stage reads alike); any other
     exception with 1, its type named and no traceback. ``PIPELINES_DEBUG=1`` re-raises instead.
     Under torchrun or :mod:`pipelines.launch`, the failing process also writes the line to the error
     file torchrun names (``TORCHELASTIC_ERROR_FILE``); under the launcher only the launcher prints it
@@ -63,10 +63,10 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
     stop, previous = _stop_on_signals()
     try:
         main(argv)
-    except (PipelineError, Exception) as err:
+    except (PipelineError, Stopped, Exception) as err:
         if os.environ.get(DEBUG_ENV):
             raise
-        if isinstance(err, PipelineError):
+        if isinstance(err, (PipelineError, Stopped)):
             line, code = str(err), err.exit_code
         else:
             line, code = f"unexpected {type(err).__name__}: {_first_line(err)} (set {DEBUG_ENV}=1 for the traceback)", 1

@@ -44,9 +44,11 @@ class OutputError(PipelineError):
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # read alike everywhere: stop, keep the work
 
 
-class Stopped(PipelineError):
-    """Training was asked to stop (SIGTERM, SIGINT or SIGHUP) and did so at an iteration boundary, after a
-    checkpoint; the exit code is 128 + the signal's number, as a shell reports a process the signal killed."""
+class Stopped(BaseException):
+    """A stage was asked to stop (SIGTERM, SIGINT or SIGHUP); training does so at an iteration boundary,
+    after a checkpoint. The exit code is 128 + the signal's number, as a shell reports a process the signal
+    killed. Like :class:`KeyboardInterrupt` it is not an :class:`Exception`, so that no ``except Exception``
+    (ours, PIL's, MLflow's) can swallow a stop and let the stage run on."""
 
     def __init__(self, message: str, *, signum: int = 15):
         super().__init__(message)

@@ -178,6 +178,25 @@ def test_a_second_trainer_on_the_same_outputs_is_refused_in_one_line(base_params
     assert not (tmp_path / "train" / "model_final.pth").exists() and not list((tmp_path / "train" / "checkpoints").glob("model_*"))
 
 
+def test_a_stop_signal_stops_a_stage_even_inside_a_library_that_catches_every_exception():
+    """PIL and MLflow wrap calls in ``except Exception``; a stop that arrives there must still stop the stage
+    (it once returned 0: prepare swallowed the SIGINT while reading an image header and ran to the end)."""
+    from pipelines import cli
+
+    def main(_argv):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises here
+        except Exception:
+            pass
+        raise AssertionError("the stage ran on after the stop")
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(main)
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's own handler is back
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM])
 def test_a_stop_signal_during_prepare_is_one_line_and_leaves_the_previous_output(base_params, tmp_path, signum):
     """Every stage reads the three stop signals alike: ``error: stopped by <SIGNAL>``, exit 128 + its number,
