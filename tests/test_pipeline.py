@@ -1,6 +1,7 @@
 """End to end: ``dvc repro`` of all four stages on a tiny configuration in a copy of the repository, an
 evaluate-only ``dvc exp run``, and the MLflow runs and lineage they leave."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -317,26 +318,39 @@ def _runs_module(pid: int, module: str) -> bool:
     return "-m" in argv and argv.index("-m") + 1 < len(argv) and argv[argv.index("-m") + 1] == module
 
 
-def _signal_training(repo: Path, *, at: int, launcher: bool = False) -> tuple[subprocess.CompletedProcess, int]:
+def _training_processes(pid: int) -> list[int]:
+    """The training processes among ``pid``'s descendants: the launcher's children, not their loader workers
+    (forked, with the same command line)."""
+    def parent(child: int) -> int:
+        return int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    found = []
+    for child in _descendants(pid):
+        with contextlib.suppress(OSError):
+            if _runs_module(child, "stages.train") and _runs_module(parent(child), "pipelines.launch"):
+                found.append(child)
+    return found
+
+
+def _signal_training(repo: Path, *, at: int) -> tuple[subprocess.CompletedProcess, int]:
     """Start ``dvc repro``; once the training log has a row for iteration ``at`` or later, SIGKILL one of
-    the training processes the test started, or with ``launcher`` SIGTERM the launcher (each found by
-    pid among its descendants). Returns the finished ``dvc repro`` and the iteration the log had reached."""
+    the training processes the test started (found by pid among its descendants). Returns the finished
+    ``dvc repro`` and the iteration the log had reached."""
     log = repo / "outputs" / "train" / "checkpoints" / "train_log.csv"
     dvc = subprocess.Popen(["dvc", "repro"], cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     stale = log.stat().st_mtime_ns if log.is_file() else None  # a log this run has not written yet
-    module = "pipelines.launch" if launcher else "stages.train"
     deadline, reached = time.monotonic() + 600, 0
     while time.monotonic() < deadline and dvc.poll() is None:
         fresh = log.is_file() and log.stat().st_mtime_ns != stale
         rows = log.read_text().splitlines()[1:] if fresh else []
         reached = int(rows[-1].split(",")[0]) if rows else 0
-        if reached >= at and (targets := [pid for pid in _descendants(dvc.pid) if _runs_module(pid, module)]):
+        if reached >= at and (targets := _training_processes(dvc.pid)):
             break
         time.sleep(0.05)
     else:
         pytest.fail(f"training did not reach iteration {at}: {dvc.communicate()[1][-2000:]}")
-    os.kill(random.Random(at).choice(targets), signal.SIGTERM if launcher else signal.SIGKILL)
+    os.kill(random.Random(at).choice(targets), signal.SIGKILL)
     stdout, stderr = dvc.communicate(timeout=600)
     return subprocess.CompletedProcess(dvc.args, dvc.returncode, stdout, stderr), reached
 
@@ -346,12 +360,14 @@ def _weights(repo: Path) -> bytes:
 
 
 def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo):
-    """A worker killed: one line, the earlier model kept; the next run resumes. SIGTERM to the launcher
-    (a preemption): one line, a checkpoint at the next iteration, the MLflow run KILLED; the next run
-    resumes from that checkpoint. With launch.max_restarts, a worker killed costs nothing: the group
-    restarts, resumes, and the stage succeeds. The final model is the uninterrupted run's, bit for bit."""
+    """A worker killed: one line, the earlier model kept; the next run resumes. Ctrl-C (SIGINT to the process
+    group, as a terminal sends it: to dvc, the launcher, both processes and their loader workers): one line,
+    a checkpoint at the stop, the MLflow run KILLED; the next run resumes from that checkpoint. With
+    launch.max_restarts, a worker killed costs nothing: the group restarts, resumes, and the stage succeeds.
+    The final model is the uninterrupted run's, bit for bit."""
     _set_param(repo, "train", "max_iter", 12)
     _set_param(repo, "train", "checkpoint_period", 2)
+    _set_param(repo, "loader", "num_workers", 1)  # a loader worker in each process, which Ctrl-C also reaches
     assert {"train", "evaluate"} <= _repro(repo)
     uninterrupted = hashlib.sha256(_weights(repo)).hexdigest()
     client, runs = _runs(repo, "train")
@@ -365,22 +381,28 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     assert "ChildFailedError" not in killed.stderr
     assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted  # the earlier model is still there
 
-    stopped, reached = _signal_training(repo, at=killed_at + 2, launcher=True)
-    assert stopped.returncode != 0 and stopped.stderr.count("resuming from") == 1
-    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: stopped by SIGTERM"], stopped.stderr[-3000:]
-    assert "Traceback" not in stopped.stderr and "ChildFailedError" not in stopped.stderr
+    dvc, reached = _start_training(repo, at=killed_at + 2, start_new_session=True)  # its own group: the test's
+    os.killpg(dvc.pid, signal.SIGINT)
+    _, stderr = dvc.communicate(timeout=120)
+    assert dvc.returncode != 0 and stderr.count("resuming from") == 1
+    lines = stderr.splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    assert [lines[i] for i in errors] == ["error: stopped by SIGINT"], stderr[-3000:]
+    assert "Traceback" not in stderr and "ChildFailedError" not in stderr
+    assert lines[errors[0] + 1].startswith("ERROR: failed to reproduce 'train'")  # then DVC's own line
+    stop_checkpoint = max((repo / "outputs" / "train" / "checkpoints").glob("model_*.pth"))
+    stopped_at = int(stop_checkpoint.stem.split("_")[1])
+    assert stopped_at >= reached  # the stop's own checkpoint, at or after the iteration the log had reached
     assert max(_runs(repo, "train")[1], key=lambda r: r.info.start_time).info.status == "KILLED"
 
     _set_param(repo, "launch", "max_restarts", 1)
     _set_param(repo, "tracking", "log_checkpoints", True)  # not in the fingerprint: the run resumes
-    resumed, _ = _signal_training(repo, at=reached + 2)
+    resumed, _ = _signal_training(repo, at=stopped_at + 2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stderr.count("resuming from") == 2 and "error:" not in resumed.stderr
-    first = int(re.search(r"resuming from .* \(iteration (\d+)\)", resumed.stderr).group(1))
-    assert first >= reached  # the stop's own checkpoint, at or after the iteration the log had reached
+    assert f"resuming from {stop_checkpoint.relative_to(repo)} (iteration {stopped_at})" in resumed.stderr
     assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted
-    print(f"killed at {killed_at}, stopped at {reached}, resumed from {first}; sha256 {uninterrupted}")
+    print(f"killed at {killed_at}, stopped at {stopped_at}; sha256 {uninterrupted}")
 
     client, runs = _runs(repo, "train")
     assert len(runs) == count + 1  # the killed, stopped, resumed and restarted run is one MLflow run
@@ -447,7 +469,8 @@ def test_sigkill_of_the_launcher_or_of_dvc_leaves_nothing_running_and_the_next_r
     checkpoints (same fingerprint), in a new MLflow run linked to the one it continues."""
     for section, key, value in (("model", "precision", "fp32"), ("train", "nproc", 2), ("train", "max_iter", 16),
                                 ("train", "checkpoint_period", 2), ("train", "log_period", 1),
-                                ("launch", "max_restarts", 0), ("tracking", "log_checkpoints", False)):
+                                ("launch", "max_restarts", 0), ("tracking", "log_checkpoints", False),
+                                ("loader", "num_workers", 0)):
         _set_param(repo, section, key, value)
     env = {**_env(), "TMPDIR": str(tmp_path)}
     for target, at in (("pipelines.launch", 5), ("dvc", 9)):
@@ -482,34 +505,6 @@ def test_sigkill_of_the_launcher_or_of_dvc_leaves_nothing_running_and_the_next_r
     assert len(latest.data.tags["train.fingerprint"]) == 64
     assert client.get_run(killed_run).info.status == "KILLED"
     assert not list(run_file.parent.glob("model_*.pth"))
-
-
-def test_ctrl_c_stops_at_a_checkpoint_and_the_next_run_resumes_from_it(repo):
-    """SIGINT to the process group, as a terminal sends it (to dvc, the launcher, both processes and their
-    loader workers): one line, a checkpoint at the stop, the MLflow run KILLED; the next run resumes there."""
-    for section, key, value in (("model", "precision", "fp32"), ("train", "nproc", 2), ("train", "max_iter", 14),
-                                ("train", "checkpoint_period", 100), ("train", "log_period", 1),
-                                ("loader", "num_workers", 1)):
-        _set_param(repo, section, key, value)
-    dvc, reached = _start_training(repo, at=4, start_new_session=True)  # its own group: the test's to signal
-    os.killpg(dvc.pid, signal.SIGINT)
-    stdout, stderr = dvc.communicate(timeout=120)
-    assert dvc.returncode != 0
-    lines = stderr.splitlines()
-    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
-    assert [lines[i] for i in errors] == ["error: stopped by SIGINT"], stderr[-3000:]
-    assert "Traceback" not in stderr
-    assert lines[errors[0] + 1].startswith("ERROR: failed to reproduce 'train'")  # then DVC's own line
-    saved = sorted((repo / "outputs" / "train" / "checkpoints").glob("model_*.pth"))
-    assert len(saved) == 1 and int(saved[0].stem.split("_")[1]) >= reached
-    _, runs = _runs(repo, "train")
-    assert max(runs, key=lambda r: r.info.start_time).info.status == "KILLED"
-
-    done = subprocess.run(["dvc", "repro"], cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"resuming from {saved[0].relative_to(repo)} (iteration {int(saved[0].stem.split('_')[1])})" in done.stderr
-    _, runs = _runs(repo, "train")
-    assert max(runs, key=lambda r: r.info.start_time).info.status == "FINISHED"
 
 
 def _launch(repo: Path, params: dict, module_args: list[str], *, cores: set[int], store: Path) -> subprocess.Popen:
