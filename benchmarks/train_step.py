@@ -11,7 +11,7 @@ At the configuration in ``params.yaml`` (or ``--params``), on the loader benchma
 * **stage**: two processes running :func:`pipelines.engine.train`, the train stage's loop, on
   what the stage builds, through the same :mod:`pipelines.build` calls: the detector, optimizer,
   schedule, gradient scaler and DDP wrapper; the stage's loader (``loader.num_workers`` worker
-  processes decoding, resizing and augmenting); a :class:`~pipelines.tracking.Tracker` logging to
+  processes decoding, resizing and augmenting); a :class:`~pipelines.tracking.tracker.Tracker` logging to
   MLflow every ``train.log_period`` iterations into a temporary SQLite store; the CSV training log; a
   :class:`~pipelines.checkpoint.Checkpointer` writing checkpoints; the per-iteration loss all-reduce
   and stop check. That is every per-iteration piece of work ``stages/train.py`` does; what it does
@@ -70,7 +70,7 @@ from pipelines.config import Params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.engine import MetricLog, StopRequest, train, train_step
-from pipelines.tracking import Tracker
+from pipelines.tracking.tracker import Tracker
 
 WORLD = 2  # the machine's cores; (b) compares 2 processes x 1 thread with 1 x 1
 GOALS = {"stage_vs_bare": 0.95, "scaling": 1.85, "tracking_overhead": 0.01}

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from . import distributed
-from .errors import CheckpointError
-from .fileio import atomic_file
+from .errors import CheckpointError, first_line
+from .fileio import atomic_file, file_sha256
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^model_(\d{7})\.pth$")
@@ -60,7 +60,7 @@ def load(path: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for corrupt files
-        raise CheckpointError(f"{path}: not a readable checkpoint ({type(err).__name__}: {err})".splitlines()[0]) from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(err).__name__}: {first_line(err)})") from None
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: expected a checkpoint with a 'model' state dict")
     return state
@@ -76,7 +76,7 @@ def fingerprint(*, params: dict[str, Any], data: str, root: Path | None = None) 
     param (pretrained weights) and the source of every project module loaded in this process
     (``pipelines`` and ``stages`` under ``root``, the repository by default)."""
     root = (root or Path(__file__).resolve().parents[1]).resolve()
-    files = {key: _sha256(Path(params[key])) for key in WEIGHT_FILES
+    files = {key: file_sha256(params[key]) for key in WEIGHT_FILES
              if isinstance(params.get(key), str) and Path(params[key]).is_file()}
     code = []
     for module in list(sys.modules.values()):
@@ -90,14 +90,6 @@ def fingerprint(*, params: dict[str, Any], data: str, root: Path | None = None) 
         content["files"] = files
     blob = json.dumps(content, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def rng_state() -> dict[str, Any]:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import STOP_SIGNALS, PipelineError, Stopped
+from .errors import STOP_SIGNALS, PipelineError, Stopped, first_line
 
 DEBUG_ENV = "PIPELINES_DEBUG"
 LAUNCHED_ENV = "PIPELINES_LAUNCHED"  # the launcher's pid, set by pipelines.launch for the processes it starts
@@ -69,7 +69,7 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
         if isinstance(err, (PipelineError, Stopped)):
             line, code = str(err), err.exit_code
         else:
-            line, code = f"unexpected {type(err).__name__}: {_first_line(err)} (set {DEBUG_ENV}=1 for the traceback)", 1
+            line, code = f"unexpected {type(err).__name__}: {first_line(err)} (set {DEBUG_ENV}=1 for the traceback)", 1
         _record(line)
         if rank == 0 and not os.environ.get(LAUNCHED_ENV):
             print(f"error: {line}", file=sys.stderr)
@@ -92,11 +92,6 @@ def _stop_on_signals():
     if threading.current_thread() is not threading.main_thread():
         return stop, {}
     return stop, {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def _record(line: str) -> None:

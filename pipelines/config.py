@@ -30,7 +30,7 @@ from omegaconf.errors import (
 )
 
 from . import cli
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 from .policy import decode_policy
 
 
@@ -330,7 +330,7 @@ def parse_yaml(text: str, source: str) -> DictConfig | Any:
     except ConfigError:
         raise
     except Exception as err:  # YAML and OmegaConf errors come in many types
-        raise ConfigError(f"{source}: not valid YAML ({_first_line(err)})") from None
+        raise ConfigError(f"{source}: not valid YAML ({(first_line(err) or type(err).__name__)})") from None
 
 
 def _yaml_error(source: str, err: yaml.MarkedYAMLError) -> str:
@@ -388,16 +388,21 @@ def params_from_dict(raw: dict, *, source: str = "params", world_size: int | Non
     return params
 
 
-def to_flat_dict(params: Params) -> dict[str, Any]:
-    """Flatten params into dotted keys (``train.base_lr``), as recorded in MLflow."""
+def to_flat_dict(params: Params | dict[str, Any]) -> dict[str, Any]:
+    """Params, or their YAML tree, as dotted keys (``{"train": {"base_lr": 1}}`` -> ``{"train.base_lr": 1}``),
+    as recorded in MLflow."""
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
         if dataclasses.is_dataclass(value):
-            for f in dataclasses.fields(value):
-                walk(f"{prefix}{f.name}.", getattr(value, f.name))
+            items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+        elif isinstance(value, dict):
+            items = list(value.items())
         else:
             flat[prefix[:-1]] = value
+            return
+        for key, item in items:
+            walk(f"{prefix}{key}.", item)
 
     walk("", params)
     return flat
@@ -427,13 +432,13 @@ def _typed(schema: type, raw: dict, source: str, prefix: str) -> Any:
     except MissingMandatoryValue as err:
         raise ConfigError(f"{source}: {prefix}{err.full_key}: missing value") from None
     except ValidationError as err:
-        raise ConfigError(f"{source}: {prefix}{err.full_key}: {_first_line(err)}") from None
+        raise ConfigError(f"{source}: {prefix}{err.full_key}: {(first_line(err) or type(err).__name__)}") from None
     except OverflowError:  # an integer beyond float range where a float goes (OmegaConf names no key)
         key, value = next(_huge_floats(schema, raw, prefix), (prefix.rstrip("."), None))
         raise ConfigError(f"{source}: {key}: expected a finite number, got {_show(value)}") from None
     except OmegaConfBaseException as err:
         key = prefix + (getattr(err, "full_key", "") or "")
-        raise ConfigError(f"{source}: {key}: {_first_line(err)}") from None
+        raise ConfigError(f"{source}: {key}: {(first_line(err) or type(err).__name__)}") from None
 
 
 def _huge_floats(schema: type, raw: Any, prefix: str) -> Iterator[tuple[str, int]]:
@@ -447,11 +452,6 @@ def _huge_floats(schema: type, raw: Any, prefix: str) -> Iterator[tuple[str, int
             yield from _huge_floats(kind, value, f"{prefix}{f.name}.")
         elif kind in (float, Optional[float]) and isinstance(value, int) and abs(value) > sys.float_info.max:
             yield f"{prefix}{f.name}", value
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _show(value: Any) -> str:

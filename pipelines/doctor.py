@@ -36,7 +36,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torchvision
 
-from . import build, cli, hardware, tracking
+from . import build, cli, hardware
+from .tracking import store
 from .config import Params, SyntheticDataset, load_params
 from .data.collate import Batch
 
@@ -155,7 +156,7 @@ def report(p: Params, *, params_file: str, run_probe: bool = True) -> dict:
     """Everything the report says, as plain values."""
     device = training_device()
     compute = build.compute(p, device)
-    root = tracking.repo_root()
+    root = store.repo_root()
     usage = shutil.disk_usage(root)
     gpus = [{"name": torch.cuda.get_device_name(i),
              "memory_gb": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
@@ -179,7 +180,7 @@ def report(p: Params, *, params_file: str, run_probe: bool = True) -> dict:
         "python": platform.python_version(),
         "disk_free_gb": round(usage.free / 1e9, 1),
         "disk_path": str(root),
-        "mlflow": tracking.store_status(),
+        "mlflow": store.store_status(),
         "params": params_file,
         "device": str(device),
         "compute": asdict(compute),

@@ -24,7 +24,7 @@ from .checkpoint import Checkpointer
 from .data.collate import Batch
 from .errors import STOP_SIGNALS, OutputError, Stopped, TrainingError
 from .fileio import atomic_file
-from .tracking import Tracker
+from .tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -41,6 +41,13 @@ class OutputError(PipelineError):
     """An output folder cannot be written: not a folder, not writable, or not enough free space."""
 
 
+def first_line(err: BaseException, limit: int | None = None) -> str:
+    """The first line of an exception's message, at most ``limit`` characters; "" if it has none. The part
+    of a library's error that fits in a one-line message."""
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # read alike everywhere: stop, keep the work
 
 

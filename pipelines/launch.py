@@ -38,7 +38,8 @@ from pathlib import Path
 
 from . import cli, lifetime
 from .config import load_params
-from .errors import STOP_SIGNALS, PipelineError, Stopped
+from .errors import STOP_SIGNALS, Stopped
+from .tracking.run import close_run_file
 
 log = logging.getLogger("launch")
 LOGS_PREFIX = "torchelastic_pipelines_"
@@ -132,12 +133,12 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
             if debug:
                 raise
             rank, failure = root_cause(err.failures)
-            _close_run(run_file, "KILLED" if failure.exitcode < 0 else "FAILED")
+            close_run_file(run_file, "KILLED" if failure.exitcode < 0 else "FAILED")
             print(f"\nerror: {describe(rank, failure)}", file=sys.stderr)  # on its own line, after any progress bar
             return 2
         except (SignalException, _Signalled) as err:
             _ignore_stop_signals()  # a second signal must not cut the report short
-            _close_run(run_file, "KILLED")
+            close_run_file(run_file, "KILLED")
             print(f"\nerror: stopped by {signal.Signals(err.sigval).name}", file=sys.stderr)
             return 128 + int(err.sigval)
     _ignore_stop_signals()  # done: a late signal changes nothing
@@ -159,19 +160,6 @@ def _ignore_stop_signals() -> None:
     resets handlers, not ignored signals, to the default: death)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
-
-
-def _close_run(run_file: str | None, status: str) -> None:
-    if not run_file or not os.path.isfile(run_file):
-        return
-    from .tracking import close_run, read_run_id
-
-    try:
-        run_id = read_run_id(run_file)
-    except PipelineError:
-        return
-    if run_id:
-        close_run(run_id, status)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise DatasetError(f"{manifest_path}: missing or unreadable ({err}); run the prepare stage") from None
 
-    for split, (annotations, images) in entries.items():
-        source = args.prepared / annotations
+    for split, (annotation_file, images) in entries.items():
+        source = args.prepared / annotation_file
         if not source.is_file():
             raise DatasetError(f"{source}: annotations of split {split!r} not found; run the prepare stage")
         settings = {"source_sha256": file_sha256(source), "image_root": images, "drop_empty": split == "train"}

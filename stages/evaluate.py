@@ -20,12 +20,14 @@ from pipelines import build, checkpoint, cli, distributed
 from pipelines.config import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
-from pipelines.errors import CheckpointError, Stopped
+from pipelines.errors import CheckpointError, first_line
 from pipelines.evaluation import coco_evaluate, predict
 from pipelines.fileio import write_json
 from pipelines.hardware import Compute, resolve
-from pipelines.tracking import (NOTE_TAG, TRAINING_RUN_TAG, Tracker, close_run, default_params, evaluation_note,
-                                read_run_file, read_run_id, run_name, stage_tags, write_run_file)
+from pipelines.tracking.lineage import (NOTE_TAG, TRAINING_RUN_TAG, default_params, evaluation_note, run_name,
+                                        stage_tags)
+from pipelines.tracking.run import close_stale_run, read_run_file, read_run_id, stage_run
+from pipelines.tracking.tracker import Tracker
 
 log = logging.getLogger("evaluate")
 
@@ -60,11 +62,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:
-        raise CheckpointError(f"{args.model}: does not match params.yaml's model section ({str(err).splitlines()[0]})") from None
+        raise CheckpointError(f"{args.model}: does not match params.yaml's model section ({first_line(err)})") from None
     model.to(device)
 
     tracker = _tracker(p, compute, args, training_run_id) if main_process else Tracker()
-    try:
+    with stage_run(tracker, args.run_file if main_process else None, experiment=p.tracking.experiment,
+                   training_run_id=training_run_id):
         dataset = DetectionDataset(cache, transforms=build.test_transforms(p), seed=p.seed, skip_crowd=False)
         loader = build.test_loader(p, dataset, rank=rank, world_size=world_size)
         detections = predict(model, loader, device=device, category_ids=cache.category_ids,
@@ -74,12 +77,6 @@ def main(argv: list[str] | None = None) -> None:
         if gathered is not None:
             _report(p, args, [d for part in gathered for d in part], tracker, training_run_id,
                     step=state.get("iteration", 0), images=len(cache))
-    except Stopped:
-        tracker.finish("KILLED")
-        raise
-    except BaseException:
-        tracker.finish("FAILED")
-        raise
     distributed.shutdown()
 
 
@@ -97,9 +94,6 @@ def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: 
     tracker.log_metrics({f"eval/AP_{k}": v for k, v in metrics.per_category.items()}, step=step)
     for path in (args.metrics, args.per_category, args.plots):
         tracker.log_artifact(path, "eval")
-    write_run_file(args.run_file, run_id=tracker.run_id, experiment=p.tracking.experiment,
-                   training_run_id=training_run_id, status="finished")
-    tracker.finish()
 
 
 def _compute(p, state: dict, model_file, device) -> Compute:
@@ -114,17 +108,13 @@ def _compute(p, state: dict, model_file, device) -> Compute:
 def _tracker(p, compute: Compute, args, training_run_id: str | None) -> Tracker:
     """A new evaluation run (all params, lineage tags, linked to the training run), recorded in
     ``args.run_file``; a run that an earlier, killed evaluation left open there is closed as KILLED."""
-    previous = read_run_file(args.run_file)
-    if previous.get("status") == "running" and previous.get("run_id"):
-        close_run(previous["run_id"], "KILLED")
+    close_stale_run(read_run_file(args.run_file))
     params = to_flat_dict(p)
     tags = stage_tags("evaluate", params_file=args.params, cache=args.cache)
     if training_run_id:
         tags[TRAINING_RUN_TAG] = training_run_id
     tracker = Tracker.start(experiment=p.tracking.experiment, params={**params, **compute.as_params()},
                             tags=tags, run_name=run_name("evaluate", params, default_params(), first=("evaluate.",)))
-    write_run_file(args.run_file, run_id=tracker.run_id, experiment=p.tracking.experiment,
-                   training_run_id=training_run_id, status="running")
     if tracker.run_id:
         tracker.set_tag(NOTE_TAG, evaluation_note(training_run_id, tracker.experiment_id))
         tracker.log_artifact(args.params)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 
 from pipelines import cli
 from pipelines.errors import TrackingError
-from pipelines.tracking import (BASELINE_TAG, COMMIT_TAG, EXP_NAME_TAG, PARAMS_HASH_TAG, STAGE_TAG, TRAINING_RUN_TAG,
-                                UI_URL, find_runs, get_run, run_url)
+from pipelines.tracking.lineage import (BASELINE_TAG, COMMIT_TAG, EXP_NAME_TAG, PARAMS_HASH_TAG, STAGE_TAG,
+                                        TRAINING_RUN_TAG, UI_URL, git, run_url)
+from pipelines.tracking.store import find_runs, get_run
 
 RUN_IDS_FILE = "metrics/run.json"  # written by the evaluate stage (dvc.yaml)
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
@@ -89,17 +89,17 @@ def _run_ids_at(name: str) -> tuple[str, dict]:
             return "the workspace", _as_dict(open(RUN_IDS_FILE).read())
         except OSError:
             return "the workspace", {}
-    refs = _git("for-each-ref", "--format=%(refname)", "refs/exps") or ""
+    refs = git("for-each-ref", "--format=%(refname)", "refs/exps") or ""
     matches = [ref for ref in refs.split() if ref.rsplit("/", 1)[-1] == name]
     if matches:
         where, rev = f"DVC experiment {name}", matches[0]
-    elif (commit := _git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")) is not None:
+    elif (commit := git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")) is not None:
         where, rev = f"git revision {name} ({commit[:12]})", commit
     elif _RUN_ID.fullmatch(name):
         raise TrackingError(f"{name}: no such MLflow run in the store, DVC experiment or git revision")
     else:
         raise TrackingError(f"{name}: not an MLflow run id, DVC experiment or git revision of this repository")
-    return where, _as_dict(_git("show", f"{rev}:{RUN_IDS_FILE}") or "")
+    return where, _as_dict(git("show", f"{rev}:{RUN_IDS_FILE}") or "")
 
 
 def _as_dict(text: str) -> dict:
@@ -108,15 +108,6 @@ def _as_dict(text: str) -> dict:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _git(*args: str) -> str | None:
-    """Output of ``git ARGS`` in the current folder, stripped; None if it fails."""
-    try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 if __name__ == "__main__":

@@ -26,12 +26,13 @@ from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data.preview import augmentation_preview
 from pipelines.engine import MetricLog, StopRequest, train
-from pipelines.errors import Stopped
 from pipelines.fileio import atomic_file, check_writable, remove_temporaries
 from pipelines.lifetime import FolderLock
 from pipelines.hardware import Compute
-from pipelines.tracking import (NOTE_TAG, Tracker, close_run, default_params, read_run_file, run_name, stage_tags,
-                                training_note, write_run_file)
+from pipelines.tracking.lineage import NOTE_TAG, default_params, run_name, stage_tags, training_note
+from pipelines.tracking.run import read_run_file, stage_run, write_run_file
+from pipelines.tracking.store import close_run
+from pipelines.tracking.tracker import Tracker
 
 log = logging.getLogger("train")
 PREVIEW_SAMPLES = 6
@@ -91,45 +92,36 @@ def main(argv: list[str] | None = None) -> None:
     preview, train_log = work / args.preview.name, work / args.train_log.name
     if start_iter == 0:
         train_log.unlink(missing_ok=True)
-    if main_process:
-        write_run_file(state_file, run_id=tracker.run_id, experiment=p.tracking.experiment, fingerprint=fingerprint,
-                       status="running")
-        if start_iter == 0:
-            tracker.log_artifact(args.params)
-            if (policy := build.policy(p)) is not None:
-                log.info("Scale-aware AutoAugment policy:\n%s", policy)
-                tracker.log_text(str(policy), "augment_policy.txt")
-        plain = DetectionDataset(cache, transforms=build.train_transforms(p, augment=False), seed=p.seed)
-        augmentation_preview(plain, dataset, count=PREVIEW_SAMPLES, iteration=t.max_iter, path=preview)
-        if start_iter == 0:
-            tracker.log_artifact(preview, "preview")
-    try:
+    with stage_run(tracker, state_file if main_process else None, experiment=p.tracking.experiment,
+                   fingerprint=fingerprint):
+        if main_process:
+            if start_iter == 0:
+                tracker.log_artifact(args.params)
+                if (policy := build.policy(p)) is not None:
+                    log.info("Scale-aware AutoAugment policy:\n%s", policy)
+                    tracker.log_text(str(policy), "augment_policy.txt")
+            plain = DetectionDataset(cache, transforms=build.train_transforms(p, augment=False), seed=p.seed)
+            augmentation_preview(plain, dataset, count=PREVIEW_SAMPLES, iteration=t.max_iter, path=preview)
+            if start_iter == 0:
+                tracker.log_artifact(preview, "preview")
         train(model, loader, optimizer, scheduler, device=device, max_iter=t.max_iter, start_iter=start_iter,
               **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, tracker=tracker,
               tracked_until=tracked_until, metric_log=MetricLog(train_log, start_iter=start_iter), stop=stop)
-    except Stopped:
-        tracker.finish("KILLED")
-        raise
-    except BaseException:
-        tracker.finish("FAILED")
-        raise
-    if main_process:
-        final = args.out / "model_final.pth"
-        checkpoint.save(final, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
-                        iteration=t.max_iter, precision=compute.precision, channels_last=compute.channels_last)
-        for source, target in ((train_log, args.train_log), (preview, args.preview)):
-            with atomic_file(target) as tmp:
-                shutil.copyfile(source, tmp)
-        tracker.log_artifact(final, "model")
-        tracker.log_artifact(args.train_log)
-        if p.tracking.log_checkpoints:
-            for _, path in checkpoint.checkpoints(work):
-                tracker.log_artifact(path, "checkpoints")
-        for path in (state_file, args.out / "run.json"):
-            write_run_file(path, run_id=tracker.run_id, experiment=p.tracking.experiment, fingerprint=fingerprint,
-                           status="finished")
-        checkpointer.finish()  # the final model is the output: running the stage again starts from 0
-        tracker.finish()
+        if main_process:
+            final = args.out / "model_final.pth"
+            checkpoint.save(final, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
+                            iteration=t.max_iter, precision=compute.precision, channels_last=compute.channels_last)
+            for source, target in ((train_log, args.train_log), (preview, args.preview)):
+                with atomic_file(target) as tmp:
+                    shutil.copyfile(source, tmp)
+            tracker.log_artifact(final, "model")
+            tracker.log_artifact(args.train_log)
+            if p.tracking.log_checkpoints:
+                for _, path in checkpoint.checkpoints(work):
+                    tracker.log_artifact(path, "checkpoints")
+            write_run_file(args.out / "run.json", run_id=tracker.run_id, experiment=p.tracking.experiment,
+                           fingerprint=fingerprint, status="finished")
+            checkpointer.finish()  # the final model is the output: running the stage again starts from 0
     distributed.shutdown()
 
 

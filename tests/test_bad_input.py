@@ -767,15 +767,16 @@ def test_a_store_that_cannot_be_opened_fails_at_once_not_after_mlflow_retries(tm
     (30 s) through MLflow's 9 retries, past the documented 20 s bound; now it fails on the first open."""
     import mlflow  # noqa: F401  (imported before the clock starts)
 
-    from pipelines import tracking
+    from pipelines.tracking import store
+    from pipelines.tracking.tracker import Tracker
 
     (tmp_path / "mlflow.db").mkdir()
-    for key in tracking.HTTP_DEFAULTS:
+    for key in store.HTTP_DEFAULTS:
         monkeypatch.delenv(key, raising=False)  # restored after the test: the tracker sets them
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setattr(tracking, "OPEN_TIMEOUT", 8.0)  # a regression fails in 8 s rather than 30
+    monkeypatch.setattr(store, "OPEN_TIMEOUT", 8.0)  # a regression fails in 8 s rather than 30
     started = time.monotonic()
-    tracker = tracking.Tracker.start(experiment="e", params={"a": 1})
+    tracker = Tracker.start(experiment="e", params={"a": 1})
     tracker.log_metrics({"loss": 1.0}, step=1)
     tracker.finish()
     assert tracker.run_id is None and tracker.offline
@@ -1021,7 +1022,7 @@ def test_a_fifo_in_place_of_params_or_a_run_file_is_refused_without_blocking(tmp
     assert done.stderr.strip() == f"error: {params}: not a regular file; expected the parameters (YAML)"
 
     from pipelines.errors import TrackingError
-    from pipelines.tracking import read_run_file, read_run_id
+    from pipelines.tracking.run import read_run_file, read_run_id
 
     assert read_run_file(params) == {}  # the train stage then starts a new run; it never blocks
     with pytest.raises(TrackingError, match="not a regular file; expected the run file of the train stage"):

@@ -218,7 +218,7 @@ def test_decoder_gives_the_training_pixels_or_one_line(tmp_path):
 
 def test_boxes_are_clipped_or_rejected_and_counted(dataset):
     write, images, coco = dataset
-    width, height = coco["images"][0]["width"], coco["images"][0]["height"]
+    width = coco["images"][0]["width"]
     base = {"image_id": 1, "category_id": coco["categories"][0]["id"], "iscrowd": 0, "area": 100.0}
     coco["annotations"] += [
         {**base, "id": 9001, "bbox": [width - 20, 10, 25, 30]},  # 5 px outside: clipped

@@ -19,8 +19,13 @@ import time
 import pytest
 import yaml
 
-from pipelines import tracking
-from pipelines.errors import TrackingError
+from pipelines.tracking import lineage
+from pipelines.tracking import store as tracking_store
+from pipelines.tracking import tracker as tracker_module
+from pipelines.tracking.run import (close_run_file, close_stale_run, read_run_file, read_run_id, stage_run,
+                                    write_run_file)
+from pipelines.tracking.tracker import Tracker
+from pipelines.errors import Stopped, TrackingError
 
 from .conftest import REPO
 
@@ -53,15 +58,15 @@ def store(sqlite_store, monkeypatch):
 @pytest.fixture(autouse=True)
 def _restore_http_knobs(monkeypatch):
     """The tracker sets MLflow's HTTP knobs in the environment: undo that after each test."""
-    for key in tracking.HTTP_DEFAULTS:
+    for key in tracking_store.HTTP_DEFAULTS:
         monkeypatch.delenv(key, raising=False)
 
 
 @pytest.fixture
 def fast(monkeypatch):
     """Shorter waits than the defaults, to keep the outage tests quick."""
-    monkeypatch.setattr(tracking, "CALL_TIMEOUT", 5.0)
-    monkeypatch.setattr(tracking, "SQLITE_BUSY_TIMEOUT", 1.5)
+    monkeypatch.setattr(tracking_store, "CALL_TIMEOUT", 5.0)
+    monkeypatch.setattr(tracking_store, "SQLITE_BUSY_TIMEOUT", 1.5)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # 2 attempts: 2 s
 
 
@@ -166,70 +171,54 @@ def _run(uri, run_id):
 
 def test_repo_root_escapes_dvc_temporary_workspaces(monkeypatch, tmp_path):
     monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmpab12"))
-    assert tracking.repo_root() == tmp_path / "repo"
+    assert tracking_store.repo_root() == tmp_path / "repo"
     monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
-    assert tracking.repo_root() == tmp_path / "repo"
+    assert tracking_store.repo_root() == tmp_path / "repo"
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert tracking.tracking_uri() == f"sqlite:///{tmp_path / 'repo' / 'mlflow.db'}"
-    assert tracking.artifact_location("detection") == (tmp_path / "repo" / "mlartifacts" / "detection").as_uri()
+    assert tracking_store.tracking_uri() == f"sqlite:///{tmp_path / 'repo' / 'mlflow.db'}"
+    assert tracking_store.artifact_location("detection") == (tmp_path / "repo" / "mlartifacts" / "detection").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert tracking.tracking_uri() == "http://127.0.0.1:5000"
+    assert tracking_store.tracking_uri() == "http://127.0.0.1:5000"
 
 
 def test_importing_tracking_stays_cheap():
-    code = "import sys, pipelines.tracking; print(sorted({'mlflow', 'sqlalchemy', 'torch'} & set(sys.modules)))"
+    code = "import sys, pipelines.tracking.tracker, pipelines.tracking.run; print(sorted({'mlflow', 'sqlalchemy', 'torch'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
-def test_tracker_is_silent_off_the_main_process(tmp_path, monkeypatch):
+def test_the_tracker_of_other_processes_is_silent(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracker = tracking.Tracker.start(experiment="x", params={"a": 1}, main_process=False)
+    tracker = Tracker()  # what the stages give every process but the main one
     assert not tracker.active
     tracker.log_metrics({"loss": 1.0}, step=1)
     tracker.log_artifact(tmp_path / "absent")
+    tracker.set_tag("a", "b")
     assert tracker.last_step("loss") == 0
     tracker.finish()
-    assert tracking.Tracker.resume("abc", main_process=False).run_id is None
     assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_run_file_round_trip_and_errors(tmp_path):
-    tracking.write_run_file(tmp_path / "run.json", run_id="abc123", experiment="detection")
-    assert tracking.read_run_id(tmp_path / "run.json") == "abc123"
-    tracking.write_run_file(tmp_path / "offline.json", run_id=None, experiment="detection")  # train ran untracked
+    write_run_file(tmp_path / "run.json", run_id="abc123", experiment="detection")
+    assert read_run_id(tmp_path / "run.json") == "abc123"
+    write_run_file(tmp_path / "offline.json", run_id=None, experiment="detection")  # train ran untracked
     assert '"run_id": null' in (tmp_path / "offline.json").read_text()
-    assert tracking.read_run_id(tmp_path / "offline.json") is None
+    assert read_run_id(tmp_path / "offline.json") is None
     for content in ("", "{}", '{"run_id": 5}', '{"run_id": ""}', "[1]", "null"):
         (tmp_path / "bad.json").write_text(content)
         with pytest.raises(TrackingError, match="bad.json"):
-            tracking.read_run_id(tmp_path / "bad.json")
+            read_run_id(tmp_path / "bad.json")
     with pytest.raises(TrackingError, match="not a run file"):
-        tracking.read_run_id(tmp_path / "absent.json")
-
-
-def test_resuming_no_run_is_offline_with_one_warning(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracking.write_run_file(tmp_path / "run.json", run_id=None, experiment="detection")
-    tracker = tracking.Tracker.resume(tracking.read_run_id(tmp_path / "run.json"))
-    assert tracker.run_id is None and tracker.offline
-    tracker.log_metrics({"eval/AP": 0.5}, step=4)
-    tracker.log_artifact(tmp_path / "run.json", "eval")
-    assert tracker.last_step("eval/AP") == 0
-    tracker.finish()
-    assert len(_warnings(caplog)) == 1 and "No MLflow run" in _warnings(caplog)[0]
-    assert not (tmp_path / "mlflow.db").exists()  # the store was never touched
-
-
-# --- a working store -----------------------------------------------------------------------------------
+        read_run_id(tmp_path / "absent.json")
 
 
 def test_a_run_on_a_working_store(store, tmp_path, caplog, monkeypatch):
     uri, _ = store
     monkeypatch.setenv("DVC_EXP_NAME", "exp-1")
     params = {f"p.{i}": i for i in range(150)}  # more than one batch of 100
-    tracker = tracking.Tracker.start(experiment="working", params=params)
+    tracker = Tracker.start(experiment="working", params=params)
     assert tracker.run_id and not tracker.offline
     tracker.log_text("policy", "augment_policy.txt")
     tracker.set_tag("k", "v")
@@ -248,14 +237,14 @@ def test_a_run_on_a_working_store(store, tmp_path, caplog, monkeypatch):
 
 def test_last_step_lets_a_resumed_training_skip_logged_steps(store, tmp_path, caplog):
     uri, _ = store
-    tracker = tracking.Tracker.start(experiment="resume", params={})
+    tracker = Tracker.start(experiment="resume", params={})
     assert tracker.last_step("train/loss") == 0
     for it in (20, 40):
         tracker.log_metrics({"train/loss": 1.0}, step=it)
     assert tracker.last_step("train/loss") == 40
     tracker.finish("KILLED")
 
-    resumed = tracking.Tracker.resume(tracker.run_id)  # a new process would do this
+    resumed = Tracker.resume(tracker.run_id)  # a new process would do this
     assert _run(uri, tracker.run_id).info.status == "RUNNING"
     assert resumed.last_step("train/loss") == 40 and resumed.last_step("eval/AP") == 0
     for it in range(20, 81, 20):
@@ -274,13 +263,13 @@ def test_a_resume_on_a_locked_store_records_no_step_twice(store, lock_store, fas
     """last_step cannot ask the store: the training re-logs from step 0 (kept), and the retry at
     finish drops the steps that the store already has."""
     uri, _ = store
-    tracker = tracking.Tracker.start(experiment="resume", params={})
+    tracker = Tracker.start(experiment="resume", params={})
     for it in (20, 40):
         tracker.log_metrics({"train/loss": 1.0, "train/lr": 0.1}, step=it)
     tracker.finish("KILLED")
 
     lock_store.lock()
-    resumed = tracking.Tracker.resume(tracker.run_id)
+    resumed = Tracker.resume(tracker.run_id)
     assert resumed.offline and resumed.run_id == tracker.run_id
     assert resumed.last_step("train/loss") == 0
     for it in range(20, 81, 20):
@@ -298,29 +287,29 @@ def test_a_resume_on_a_locked_store_records_no_step_twice(store, lock_store, fas
 
 def test_close_run_ends_a_running_run_and_leaves_others(store, refused_uri, fast, caplog):
     uri, _ = store
-    running = tracking.Tracker.start(experiment="close", params={})  # its process "was killed"
-    done = tracking.Tracker.start(experiment="close", params={})
+    running = Tracker.start(experiment="close", params={})  # its process "was killed"
+    done = Tracker.start(experiment="close", params={})
     done.finish()
-    assert tracking.close_run(running.run_id, "KILLED") is True
+    assert tracking_store.close_run(running.run_id, "KILLED") is True
     assert _run(uri, running.run_id).info.status == "KILLED"
     assert _run(uri, running.run_id).info.end_time is not None
-    assert tracking.close_run(running.run_id, "FAILED") is False  # no longer RUNNING
-    assert tracking.close_run(done.run_id, "KILLED") is False
+    assert tracking_store.close_run(running.run_id, "FAILED") is False  # no longer RUNNING
+    assert tracking_store.close_run(done.run_id, "KILLED") is False
     assert _run(uri, done.run_id).info.status == "FINISHED"
     assert not _warnings(caplog)
     with pytest.raises(ValueError, match="status"):
-        tracking.close_run(done.run_id, "RUNNING")
+        tracking_store.close_run(done.run_id, "RUNNING")
 
     start = time.monotonic()
-    assert tracking.close_run("0" * 32, "KILLED") is False  # no such run: one warning, no exception
-    assert tracking.close_run(running.run_id, "KILLED", tracking_uri=refused_uri) is False
+    assert tracking_store.close_run("0" * 32, "KILLED") is False  # no such run: one warning, no exception
+    assert tracking_store.close_run(running.run_id, "KILLED", tracking_uri=refused_uri) is False
     assert time.monotonic() - start < BOUND
     assert len(_warnings(caplog)) == 2 and "unreachable" in _warnings(caplog)[1]
 
 
 def test_a_missing_artifact_is_one_warning_not_an_error(store, tmp_path, caplog):
     uri, _ = store
-    tracker = tracking.Tracker.start(experiment="working", params={})
+    tracker = Tracker.start(experiment="working", params={})
     tracker.log_artifact(tmp_path / "absent.pth", "model")
     tracker.log_artifact(tmp_path / "absent.pth", "model")
     tracker.log_metrics({"train/loss": 1.0}, step=1)
@@ -350,15 +339,15 @@ def test_start_on_an_unreachable_http_store_runs_untracked(outage, refused_uri, 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     start = time.monotonic()
-    tracker = tracking.Tracker.start(experiment="detection", params={"a": 1})
+    tracker = Tracker.start(experiment="detection", params={"a": 1})
     assert tracker.run_id is None and tracker.offline
     _log_a_training(tracker, tmp_path)
     assert tracker.last_step("train/loss") == 0
     elapsed = time.monotonic() - start
     assert elapsed < BOUND
     _check_one_warning(caplog, capfd, uri, "unreachable" if outage == "refused" else "not answering", "not tracked")
-    tracking.write_run_file(tmp_path / "run.json", run_id=tracker.run_id, experiment="detection")
-    assert tracking.read_run_id(tmp_path / "run.json") is None
+    write_run_file(tmp_path / "run.json", run_id=tracker.run_id, experiment="detection")
+    assert read_run_id(tmp_path / "run.json") is None
 
 
 @pytest.mark.parametrize("outage", ["refused", "silent"])
@@ -367,7 +356,7 @@ def test_resume_on_an_unreachable_http_store_keeps_and_reports(outage, refused_u
     uri = refused_uri if outage == "refused" else silent_uri
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     start = time.monotonic()
-    tracker = tracking.Tracker.resume("f" * 32)
+    tracker = Tracker.resume("f" * 32)
     assert tracker.run_id == "f" * 32 and tracker.offline
     _log_a_training(tracker, tmp_path)
     assert time.monotonic() - start < BOUND
@@ -380,7 +369,7 @@ def test_resume_on_an_unreachable_http_store_keeps_and_reports(outage, refused_u
 def test_locked_sqlite_store(store, lock_store, fast, tmp_path, caplog, capfd):
     uri, _ = store
     # the store locks up during the run: the first call waits, later ones are kept, finish retries once
-    tracker = tracking.Tracker.start(experiment="locked", params={"a": 1})
+    tracker = Tracker.start(experiment="locked", params={"a": 1})
     assert tracker.run_id
     lock_store.lock()
     start = time.monotonic()
@@ -392,7 +381,7 @@ def test_locked_sqlite_store(store, lock_store, fast, tmp_path, caplog, capfd):
     # started while locked: no run, one warning
     caplog.clear()
     start = time.monotonic()
-    untracked = tracking.Tracker.start(experiment="locked", params={"a": 1})
+    untracked = Tracker.start(experiment="locked", params={"a": 1})
     assert untracked.run_id is None
     _log_a_training(untracked, tmp_path)
     assert time.monotonic() - start < BOUND
@@ -402,8 +391,8 @@ def test_locked_sqlite_store(store, lock_store, fast, tmp_path, caplog, capfd):
     lock_store.unlock()
     caplog.clear()
     assert _run(uri, tracker.run_id).info.status == "RUNNING"
-    assert tracking.close_run(tracker.run_id, "FAILED") is True
-    again = tracking.Tracker.start(experiment="locked", params={"a": 1})
+    assert tracking_store.close_run(tracker.run_id, "FAILED") is True
+    again = Tracker.start(experiment="locked", params={"a": 1})
     _log_a_training(again, tmp_path)
     run = _run(uri, again.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["train/loss"] == pytest.approx(0.2)
@@ -412,7 +401,7 @@ def test_locked_sqlite_store(store, lock_store, fast, tmp_path, caplog, capfd):
 
 def test_a_lock_released_before_finish_loses_nothing(store, lock_store, fast, tmp_path, caplog):
     uri, _ = store
-    tracker = tracking.Tracker.start(experiment="locked", params={"a": 1})
+    tracker = Tracker.start(experiment="locked", params={"a": 1})
     lock_store.lock()
     tracker.log_metrics({"train/loss": 1.0}, step=1)  # waits, fails, goes offline
     assert tracker.offline
@@ -436,16 +425,16 @@ def test_a_call_past_its_deadline_that_succeeds_counts_as_recorded(store, tmp_pa
     """A slow call (a big upload) is not waited on past CALL_TIMEOUT; when it then succeeds the tracker
     goes back online and nothing is reported lost."""
     uri, _ = store
-    monkeypatch.setattr(tracking, "CALL_TIMEOUT", 1.0)
-    tracker = tracking.Tracker.start(experiment="slow", params={})
-    apply, release = tracking._apply, threading.Event()
+    monkeypatch.setattr(tracking_store, "CALL_TIMEOUT", 1.0)
+    tracker = Tracker.start(experiment="slow", params={})
+    apply, release = tracker_module._apply, threading.Event()
 
     def slow_apply(client, run_id, ops):
         if ops[0].kind == "artifact":
             release.wait(20)
         return apply(client, run_id, ops)
 
-    monkeypatch.setattr(tracking, "_apply", slow_apply)
+    monkeypatch.setattr(tracker_module, "_apply", slow_apply)
     model, _ = _files(tmp_path)
     start = time.monotonic()
     tracker.log_artifact(model, "model")
@@ -471,17 +460,17 @@ def test_run_names_read_well(monkeypatch):
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     defaults = {"evaluate.tta": False, "train.base_lr": 0.001, "train.steps": [], "model.name": "fcos_small"}
     tta = {**defaults, "evaluate.tta": True}
-    assert tracking.run_name("evaluate", tta, defaults) == "evaluate.tta=true"
+    assert lineage.run_name("evaluate", tta, defaults) == "evaluate.tta=true"
     many = {**tta, "train.base_lr": 0.002, "train.steps": [60, 80], "model.name": "fcos_r50"}
-    assert tracking.describe_changes(many, defaults, first=("train.",), limit=50) == \
+    assert lineage.describe_changes(many, defaults, first=("train.",), limit=50) == \
         "train.base_lr=0.002, train.steps=[60,80] (+2 more)"
-    assert tracking.run_name("train", many, defaults) == \
+    assert lineage.run_name("train", many, defaults) == \
         "evaluate.tta=true, model.name=fcos_r50 (+2 more) (train)"
-    assert re.fullmatch(r"evaluate [0-9a-f]{8}", tracking.run_name("evaluate", defaults, defaults))
-    assert re.fullmatch(r"train [0-9a-f]{8}", tracking.run_name("train", tta, None))  # defaults unknown
+    assert re.fullmatch(r"evaluate [0-9a-f]{8}", lineage.run_name("evaluate", defaults, defaults))
+    assert re.fullmatch(r"train [0-9a-f]{8}", lineage.run_name("train", tta, None))  # defaults unknown
     monkeypatch.setenv("DVC_EXP_NAME", "lanky-tuna")
-    assert tracking.run_name("evaluate", tta, defaults) == "lanky-tuna"
-    assert tracking.run_name("train", tta, defaults) == "lanky-tuna (train)"
+    assert lineage.run_name("evaluate", tta, defaults) == "lanky-tuna"
+    assert lineage.run_name("train", tta, defaults) == "lanky-tuna (train)"
 
 
 def test_stage_tags_hash_the_params_cache_and_earlier_stages_data(tmp_path):
@@ -496,7 +485,7 @@ def test_stage_tags_hash_the_params_cache_and_earlier_stages_data(tmp_path):
                   "outs": [{"path": "outputs/train/model_final.pth", "md5": "m0"}]},
         "evaluate": {"outs": [{"path": "metrics/eval.json", "md5": "stale"}]}}}, sort_keys=False))
     (tmp_path / "dvc.yaml").write_text("stages:\n  prepare: {}\n  cache: {}\n  train: {}\n  evaluate: {}\n")
-    tags = tracking.stage_tags("evaluate", params_file=tmp_path / "params.yaml", cache=tmp_path / "cache",
+    tags = lineage.stage_tags("evaluate", params_file=tmp_path / "params.yaml", cache=tmp_path / "cache",
                                lock_file=tmp_path / "dvc.lock")
     assert tags == {
         "pipeline.stage": "evaluate", "params.sha256": hashlib.sha256(b"seed: 0\n").hexdigest(),
@@ -504,19 +493,19 @@ def test_stage_tags_hash_the_params_cache_and_earlier_stages_data(tmp_path):
         "data.cache.val": hashlib.sha256(b'{"boxes": {"sha256": "val"}}').hexdigest(),
         "dvc.lock/prepare/data/coco": "d1.dir", "dvc.lock/prepare/data/prepared": "a1.dir",
         "dvc.lock/train/data/prepared": "a1.dir", "dvc.lock/train/outputs/train/model_final.pth": "m0"}
-    assert tracking.stage_tags("train", params_file=tmp_path / "missing.yaml") == {"pipeline.stage": "train"}
+    assert lineage.stage_tags("train", params_file=tmp_path / "missing.yaml") == {"pipeline.stage": "train"}
 
 
 _CREATE_STORE = """
 import sys, time
 from pathlib import Path
 import mlflow
-from pipelines import tracking
+from pipelines.tracking import store as tracking_store
 uri, go, direct = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "direct"
 print("ready", flush=True)
 while not go.exists():
     time.sleep(0.01)
-client = mlflow.MlflowClient(tracking_uri=uri) if direct else tracking._client(uri, tracking.OPEN_TIMEOUT)
+client = mlflow.MlflowClient(tracking_uri=uri) if direct else tracking_store.open_client(uri, tracking_store.OPEN_TIMEOUT)
 print(len(client.search_experiments()))
 """
 
@@ -535,3 +524,41 @@ def test_two_pipelines_creating_a_new_sqlite_store_at_once_both_get_it(tmp_path)
     """The experiments of ``dvc queue start -j 2`` on a fresh repository open a new store at the same moment."""
     for done in _create_store_twice_at_once(tmp_path, "locked"):
         assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]  # the Default experiment
+
+
+@pytest.mark.parametrize(("raised", "status"), [(None, "FINISHED"), (ValueError("bug"), "FAILED"),
+                                                 (Stopped("stopped by SIGINT", signum=2), "KILLED")])
+def test_a_stage_run_ends_as_its_block_ends_and_its_run_file_follows(store, tmp_path, raised, status):
+    """``stage_run`` ends the run as MLflow's ``ActiveRun.__exit__`` would (KILLED on a stop signal is
+    ours); the run file says ``running`` inside the block, then ``finished`` only if the block ended."""
+    tracker = Tracker.start(experiment="stage-run", params={"a": 1})
+    run_file = tmp_path / "run.json"
+    try:
+        with stage_run(tracker, run_file, experiment="stage-run", fingerprint="f" * 64) as inside:
+            assert inside is tracker
+            assert json.loads(run_file.read_text()) == {
+                "run_id": tracker.run_id, "tracking_uri": store[0], "experiment": "stage-run",
+                "fingerprint": "f" * 64, "status": "running"}
+            if raised is not None:
+                raise raised
+    except (ValueError, Stopped) as err:
+        assert err is raised  # re-raised as it came
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=store[0])
+    assert client.get_run(tracker.run_id).info.status == status
+    assert json.loads(run_file.read_text())["status"] == ("finished" if raised is None else "running")
+
+
+def test_a_run_left_running_is_closed_unless_it_is_continued(store, tmp_path):
+    killed = Tracker.start(experiment="stale", params={})  # its process was killed: its run file says running
+    write_run_file(tmp_path / "run.json", run_id=killed.run_id, experiment="stale", status="running")
+    close_stale_run(read_run_file(tmp_path / "run.json"), keep=killed.run_id)  # continued: left as it is
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=store[0])
+    assert client.get_run(killed.run_id).info.status == "RUNNING"
+    close_stale_run(read_run_file(tmp_path / "run.json"))
+    assert client.get_run(killed.run_id).info.status == "KILLED"
+    close_run_file(tmp_path / "run.json", "FAILED")  # the launcher's call: no longer RUNNING, nothing changes
+    assert client.get_run(killed.run_id).info.status == "KILLED"

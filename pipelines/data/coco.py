@@ -42,7 +42,7 @@ import orjson
 from PIL import Image
 from tqdm import tqdm
 
-from ..errors import DatasetError, ImageError
+from ..errors import DatasetError, ImageError, first_line
 
 # COCO's area ranges for the small / medium / large buckets.
 SMALL_AREA = 32**2
@@ -125,7 +125,7 @@ def file_problem(path: str | os.PathLike) -> str | None:
         broken = f" (broken symlink to {os.readlink(name)})" if os.path.islink(name) else ""
         return "image file not found" + broken
     except (OSError, ValueError) as err:  # a symlink loop, permission, name too long, a NUL or undecodable character
-        text = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
+        text = getattr(err, "strerror", None) or first_line(err)
         return f"cannot read the file ({text})"
     if not stat.S_ISREG(mode):
         kind = next((kind for test, kind in _FILE_KINDS if test(mode)), "a special file")

@@ -17,7 +17,7 @@ import torch
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as _torchvision_decode
 
-from ..errors import ImageError
+from ..errors import ImageError, first_line
 from .coco import file_problem, read_image_header, size_mismatch, too_many_pixels
 
 # torchvision prefixes its messages with the C++ function and source line: "decode_jpeg, /.../decode_jpeg.cpp:171, ".
@@ -71,12 +71,7 @@ def _reason(name: str, err: Exception) -> str:
             return "empty file"
     except OSError:
         pass
-    text = _SOURCE_LOCATION.sub("", _first_line(err))
+    text = _SOURCE_LOCATION.sub("", first_line(err) or type(err).__name__)
     if text.startswith("Unsupported image file"):
         return "unreadable image (not a JPEG, PNG, WebP or GIF file)"
     return f"unreadable image ({text})"
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,182 @@
+"""Lineage of a stage's MLflow run: its tags (stage, params hash, data and upstream outputs, git commit,
+DVC experiment), its readable name and its description in the UI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("pipelines.tracking")
+
+UI_URL = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` (and ``mlflow server``) serve by default; run URLs are given under it."""
+STAGE_TAG = "pipeline.stage"  # train | evaluate
+TRAINING_RUN_TAG = "training_run_id"  # on an evaluation run: the training run whose model it scored
+EXP_NAME_TAG, BASELINE_TAG, COMMIT_TAG = "dvc.exp_name", "dvc.baseline_rev", "mlflow.source.git.commit"
+PARAMS_HASH_TAG = "params.sha256"
+NOTE_TAG = "mlflow.note.content"  # the run's description in the UI (Markdown)
+_TAG_KEY = re.compile(r"[^\w./ :-]")  # characters MLflow does not take in a tag key
+
+
+def git(*args: str, cwd: Path | None = None) -> str | None:
+    """Output of ``git ARGS`` in ``cwd`` (the current folder by default), stripped; None if it fails."""
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    return git("rev-parse", "HEAD", cwd=cwd) or None
+
+
+def environment_tags(root: Path) -> dict[str, str]:
+    """The tags every run gets from where it runs: ``pipeline``, the git commit of ``root``, and the DVC
+    experiment's name and baseline when DVC sets ``DVC_EXP_NAME`` and ``DVC_EXP_BASELINE_REV``."""
+    tags = {"pipeline": "detection"}
+    if commit := git_commit(root):
+        tags[COMMIT_TAG] = commit
+    if exp_name := os.environ.get("DVC_EXP_NAME"):
+        tags[EXP_NAME_TAG] = exp_name
+    if baseline := os.environ.get("DVC_EXP_BASELINE_REV"):
+        tags[BASELINE_TAG] = baseline
+    return tags
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def describe_changes(params: dict[str, Any], defaults: dict[str, Any], *, first: tuple[str, ...] = (),
+                     limit: int = 60) -> str:
+    """The params (dotted keys) that differ from ``defaults``, as ``key=value`` pairs: those starting
+    with ``first`` come first, then in key order; at most ``limit`` characters, the rest counted, e.g.
+    ``evaluate.tta=true, train.max_iter=4 (+12 more)``. Empty if nothing differs."""
+    changed = sorted((k for k in params if params[k] != defaults.get(k, object())),
+                     key=lambda k: (not k.startswith(first) if first else False, k))
+    shown: list[str] = []
+    for i, key in enumerate(changed):
+        pair = f"{key}={_shown(params[key])}"
+        rest = len(changed) - i - 1
+        if shown and len(", ".join([*shown, pair])) + (len(f" (+{rest} more)") if rest else 0) > limit:
+            return ", ".join(shown) + f" (+{len(changed) - i} more)"
+        shown.append(pair)
+    return ", ".join(shown)
+
+
+def run_name(stage: str, params: dict[str, Any], defaults: dict[str, Any] | None, *,
+              first: tuple[str, ...] = ()) -> str:
+    """A readable MLflow run name: the DVC experiment name (``DVC_EXP_NAME``) when DVC sets it, else the
+    params changed against ``defaults`` (see :func:`describe_changes`; None when they are unknown), else
+    ``<stage> <8 hex digits of the params' hash>``. Training runs end in `` (train)``."""
+    label = os.environ.get("DVC_EXP_NAME") or (describe_changes(params, defaults, first=first) if defaults else "")
+    if not label:
+        digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        return f"{stage} {digest}"
+    return label if stage == "evaluate" else f"{label} ({stage})"
+
+
+def default_params(root: str | Path = ".") -> dict[str, Any] | None:
+    """The params (dotted keys) that ``conf/`` under ``root`` composes to without overrides, for
+    :func:`run_name`; None if it cannot be composed (logged at INFO)."""
+    import yaml
+
+    from ..compose import compose_params
+    from ..config import to_flat_dict
+
+    try:
+        return to_flat_dict(yaml.safe_load(compose_params(root)))
+    except Exception as err:  # a name is not worth stopping a stage for
+        log.info("the default params are unknown (%s: %s): run names use a hash", type(err).__name__, err)
+        return None
+
+
+def training_note(run_id: str) -> str:
+    """The UI description of a training run."""
+    return (f"Training run: loss curves, model and checkpoints. Each evaluation of its model is a run of its own, "
+            f"tagged `{TRAINING_RUN_TAG}` = `{run_id}` (search `tags.{TRAINING_RUN_TAG} = '{run_id}'`).")
+
+
+def evaluation_note(training_run_id: str | None, experiment_id: str | None) -> str:
+    """The UI description of an evaluation run, linking to its training run."""
+    if not training_run_id:
+        return "Evaluation run; the model's training was not tracked."
+    link = f"[{training_run_id}](#/experiments/{experiment_id}/runs/{training_run_id})" if experiment_id \
+        else f"`{training_run_id}`"
+    return f"Evaluation run: params and `eval/*` metrics of this configuration. Model from training run {link}."
+
+
+CODE_FOLDERS = ("pipelines/", "stages/")  # code deps: the git commit (or DVC experiment) pins them
+
+
+def _lock_tags(lock_file: Path, stage: str) -> dict[str, str]:
+    """``dvc.lock/<stage>/<path>: <md5>`` for every dep and out that is not code (:data:`CODE_FOLDERS`)
+    of the stages before ``stage`` (in the order of ``dvc.yaml`` beside ``lock_file``, else of the
+    lock file): the data and model that ``stage`` reads, and the data they were made from. These
+    entries are final when ``stage`` runs (DVC writes a stage's own entry only after it ends)."""
+    stages = _bounded_yaml(lock_file).get("stages") or {}
+    pipeline = lock_file.with_name("dvc.yaml")
+    order = list(_bounded_yaml(pipeline).get("stages") or {}) if pipeline.is_file() else []
+    order += [name for name in stages if name not in order]
+    tags = {}
+    for name in order[: order.index(stage)] if stage in order else []:
+        entry = stages.get(name) or {}
+        for item in [*(entry.get("deps") or []), *(entry.get("outs") or [])]:
+            digest = item.get("md5") or item.get("etag") or item.get("checksum")
+            if item.get("path") and digest and not str(item["path"]).startswith(CODE_FOLDERS):
+                tags[_TAG_KEY.sub("_", f"dvc.lock/{name}/{item['path']}")[:250]] = str(digest)
+    return tags
+
+
+def _bounded_yaml(path: Path) -> dict:
+    """A YAML mapping read with the size and alias-expansion bounds of ``params.yaml``; ``{}`` where it
+    is unusable (lineage tags are worth no stop)."""
+    from omegaconf import OmegaConf
+
+    from ..config import parse_yaml, read_yaml_text
+    from ..errors import ConfigError
+
+    try:
+        tree = OmegaConf.to_container(parse_yaml(read_yaml_text(path), str(path)))
+    except ConfigError as err:
+        log.info("%s: not used for lineage tags (%s)", path, err)
+        return {}
+    return tree if isinstance(tree, dict) else {}
+
+
+def stage_tags(stage: str, *, params_file: str | Path, cache: str | Path | None = None,
+               lock_file: str | Path = "dvc.lock") -> dict[str, str]:
+    """The lineage tags of a stage's run, from files in the stage's working folder:
+
+    * ``pipeline.stage``: ``stage``; ``params.sha256``: SHA-256 of ``params_file``'s bytes;
+    * ``data.cache.<split>``: SHA-256 of the array hashes in ``<cache>/<split>/meta.json`` (the
+      annotation cache's content), for every split there;
+    * ``dvc.lock/<stage>/<path>``: the md5 that ``lock_file`` records for each dep and out, code
+      aside, of the stages that run before ``stage`` (the data and model it reads), if there is one.
+
+    The git commit and DVC experiment name and baseline are added by :meth:`Tracker.start`. A file
+    that cannot be read leaves its tags out (logged at INFO): tracking never stops a stage."""
+    tags = {STAGE_TAG: stage}
+    try:
+        tags[PARAMS_HASH_TAG] = hashlib.sha256(Path(params_file).read_bytes()).hexdigest()
+        for meta in sorted(Path(cache).glob("*/meta.json")) if cache else []:
+            arrays = json.loads(meta.read_text())["arrays"]
+            digest = hashlib.sha256(json.dumps(arrays, sort_keys=True).encode())
+            tags[f"data.cache.{meta.parent.name}"] = digest.hexdigest()
+        if Path(lock_file).is_file():
+            tags.update(_lock_tags(Path(lock_file), stage))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        log.info("lineage tags left incomplete: %s: %s", type(err).__name__, err)
+    return tags
+
+
+def run_url(experiment_id: str, run_id: str, base: str = UI_URL) -> str:
+    """The run's page in the MLflow UI served at ``base``."""
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"

@@ -1,0 +1,353 @@
+"""The MLflow store, within bounds: every call that can wait on it, and where it is.
+
+The store defaults to ``sqlite:///<repository root>/mlflow.db`` with artifacts in
+``<repository root>/mlartifacts``; ``MLFLOW_TRACKING_URI`` overrides. The repository root is
+``DVC_ROOT`` when DVC sets it, and the main repository when DVC runs a queued experiment in
+``.dvc/tmp/exps/...`` (which is deleted afterwards). :func:`get_run`, :func:`find_runs` and
+:func:`store_status` serve the ``stages.lineage`` command and the machine report.
+
+Tracking never stops or stalls a stage, never raises for store problems and leaves no run RUNNING
+that it could end:
+
+* Every store call runs in a worker thread that the stage waits on for at most
+  :data:`CALL_TIMEOUT` seconds (10 s). The call itself is made to end sooner: for HTTP stores the
+  process environment gets ``MLFLOW_HTTP_REQUEST_TIMEOUT=4``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``,
+  ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1`` and ``MLFLOW_HTTP_REQUEST_BACKOFF_JITTER=0`` unless the
+  user set them (a refused connection then fails at once, a server that never answers after 2 x 4 s;
+  MLflow's defaults retry for 263 s); for SQLite stores MLflow's own per-session ``PRAGMA
+  busy_timeout = 20000`` is lowered to :data:`SQLITE_BUSY_TIMEOUT` (8 s) for this store's database, so a
+  call on a locked database fails by itself with "database is locked" after 8 s (opening the store
+  on a locked database fails after sqlite3's default 5 s). A call still running at its deadline (a
+  hung mount, a slow upload) is left to end in the background; if it then succeeds, it counts as
+  recorded and the tracker is back online.
+* The first failing call puts the tracker offline: it and every later call are kept in memory
+  without touching the store. :meth:`~pipelines.tracking.tracker.Tracker.finish` retries what was kept once, in order, stopping
+  at the first failure, then logs ONE warning naming what was not recorded, e.g.
+  ``MLflow store http://127.0.0.1:9 unreachable: 35 metric values, 2 artifacts (model/model_final.pth,
+  train_log.csv) and the run status FINISHED were not recorded (run 1f2e...)``. Going offline is
+  logged at INFO only.
+* :meth:`Tracker.start` on a store that fails: the stage runs on with an offline tracker whose
+  ``run_id`` is None (run files then hold ``null``) and one warning says so at once.
+  :meth:`Tracker.resume` of a run the store does not have: likewise. Resuming
+  on a failing store keeps ``run_id`` and goes offline (the retry at :meth:`finish` may still record).
+
+Bound: on an unreachable or locked store a stage waits for at most two failed calls, one when it goes
+offline and one in the retry at :meth:`Tracker.finish`, each at most :data:`CALL_TIMEOUT`: 20 s in
+all, whatever the length of the training (plus, once per process, up to :data:`OPEN_TIMEOUT` if
+opening the store hangs rather than fails). Measured on the 2-core development machine with the
+defaults, for start, 5 x log_metrics (35 values), 2 x log_artifact, finish:
+
+* connection refused: 0.05 s per failed call; 0.05 s for the whole sequence;
+* a server that accepts and never answers: 8.0 s per failed call; 8.0 s for the sequence when
+  ``start`` fails, 16.0 s when the run was created (resume) and finish retries;
+* SQLite under ``BEGIN EXCLUSIVE``: 8.0 s per failed call; 16.1 s when the lock comes during the
+  run, 8.0 s when it is there at start (6.6 s if the process first opens the store under the lock).
+
+A store that answers, however slowly, is waited on call by call (each at most ``CALL_TIMEOUT``).
+MLflow's own log records and tracebacks from these calls are kept off the terminal (the warning
+above is the product). :func:`close_run` ends a run whose owning process was killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import TrackingError, first_line
+
+log = logging.getLogger("pipelines.tracking")
+
+CALL_TIMEOUT = 10.0
+"""Seconds a stage waits on one store call."""
+
+SQLITE_BUSY_TIMEOUT = 8.0
+"""Seconds a SQLite call waits for a locked database before it fails by itself (MLflow's own: 20 s);
+below :data:`CALL_TIMEOUT`, so that the call ends, with the reason, before the stage stops waiting."""
+
+OPEN_TIMEOUT = 30.0
+"""Seconds a stage waits for MLflow to open the store, once per process. Making the client of an HTTP
+store sends nothing; opening a locked SQLite database fails by itself after 5 s; creating a new one
+runs MLflow's schema migrations (about 6 s here), which must not be cut short."""
+
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "4",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+}
+"""MLflow's HTTP knobs, set in the process environment unless the user set them (MLflow's defaults
+retry 7 times with exponential backoff and wait 120 s per request: 263 s on a refused connection)."""
+
+RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+_THREAD_NAME = "mlflow-tracking-call"
+
+
+
+def repo_root() -> Path:
+    """The repository whose ``mlflow.db`` records this run."""
+    root = Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
+    parts = root.parts
+    for i in range(len(parts) - 2):
+        if parts[i : i + 3] == (".dvc", "tmp", "exps"):
+            return Path(*parts[:i])
+    return root
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+_default_tracking_uri = tracking_uri  # close_run's keyword argument shadows the name
+
+
+def artifact_location(experiment: str) -> str:
+    return (repo_root() / "mlartifacts" / experiment).as_uri()
+
+
+class NoAnswer(Exception):
+    """A store call still running at its deadline."""
+
+
+class Attempt:
+    """One store call in a daemon thread; ``ok`` and ``error`` are set when it ends, however late."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.ended = threading.Event()
+        self.ok = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._fn = fn
+        _quiet_mlflow_logging()  # handlers may have changed since the last call
+        threading.Thread(target=self._run, name=_THREAD_NAME, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self._fn()
+            self.ok = True
+        except BaseException as err:  # reported to the waiting caller
+            self.error = err
+        finally:
+            self.ended.set()
+
+    def wait(self, timeout: float) -> Any:
+        """The call's result; its exception, or :class:`NoAnswer` if it has not ended in ``timeout`` s."""
+        if not self.ended.wait(max(timeout, 0.0)):
+            raise NoAnswer(f"no answer within {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class _QuietWorkerThreads(logging.Filter):
+    """Drops the records that MLflow, SQLAlchemy, urllib3 ... log from the tracking worker threads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.threadName or "").startswith(_THREAD_NAME) or record.name.startswith("pipelines")
+
+
+_QUIET = _QuietWorkerThreads()
+_busy_hook_lock = threading.Lock()
+_busy_hook_paths: set[str] = set()
+_BUSY_PRAGMA = re.compile(r"\s*PRAGMA\s+busy_timeout\s*=\s*\d+\s*;?\s*$", re.IGNORECASE)
+
+
+def _quiet_mlflow_logging() -> None:
+    """Install :class:`_QuietWorkerThreads` on the handlers that MLflow's and urllib3's records reach."""
+    handlers = [logging.lastResort] if logging.lastResort else []
+    for name in ("", "mlflow", "sqlalchemy.engine", "alembic", "huey"):
+        handlers += logging.getLogger(name).handlers
+    for handler in handlers:
+        if _QUIET not in handler.filters:
+            handler.addFilter(_QUIET)
+
+
+def _limit_sqlite_busy_wait(uri: str) -> None:
+    """Lower MLflow's per-session ``PRAGMA busy_timeout = 20000`` for this store's SQLite database."""
+    if not uri.startswith("sqlite:"):
+        return
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine, make_url
+
+    with _busy_hook_lock:
+        if not _busy_hook_paths:
+
+            def rewrite(conn, cursor, statement, parameters, context, executemany):
+                url = conn.engine.url
+                if url.get_backend_name() == "sqlite" and url.database in _busy_hook_paths \
+                        and _BUSY_PRAGMA.match(statement):
+                    statement = f"PRAGMA busy_timeout = {max(int(SQLITE_BUSY_TIMEOUT * 1000), 1)};"
+                return statement, parameters
+
+            event.listen(Engine, "before_cursor_execute", rewrite, retval=True)
+        try:
+            _busy_hook_paths.add(make_url(uri).database)
+        except Exception:  # an odd URI: MLflow will say what is wrong with it
+            pass
+
+
+def _prepare(uri: str) -> None:
+    """Before any client is made for ``uri``: bounded HTTP knobs, bounded SQLite waits, quiet logs."""
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    import mlflow  # noqa: F401  (configures MLflow's loggers, which _quiet_mlflow_logging then filters)
+
+    _limit_sqlite_busy_wait(uri)
+    _quiet_mlflow_logging()
+
+
+def rejected(err: BaseException) -> bool:
+    """The store answered and refused the request (no such run, invalid value): retrying won't help."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(err, MlflowException):
+        return False
+    status = err.get_http_status_code()
+    return 400 <= status < 500 and status not in (401, 403, 408, 429)  # not credentials, timeouts, rate limits
+
+
+def reason(err: BaseException) -> str:
+    """What is wrong with the store, in a few words, for the warning."""
+    text = str(err)
+    if isinstance(err, NoAnswer):
+        return f"not answering ({err})"
+    if "database is locked" in text or "database table is locked" in text:
+        return "locked"
+    if re.search(r"timed out|timeout", text, re.IGNORECASE):
+        return "not answering (timed out)"
+    if re.search(r"refused|Max retries exceeded|Failed to establish|Name or service not known|NameResolution"
+                 r"|unable to open database|Connection (aborted|reset)", text, re.IGNORECASE):
+        return "unreachable"
+    first = first_line(err, 200)
+    return f"failing ({type(err).__name__}: {first})" if first else f"failing ({type(err).__name__})"
+
+
+def open_client(uri: str, timeout: float):
+    """An ``MlflowClient`` for ``uri``, made within ``timeout`` (making it opens, maybe creates, the store)."""
+    _prepare(uri)
+    import mlflow
+
+    def make():
+        with _store_creation_lock(uri):
+            _open_sqlite_file(uri)
+            return mlflow.MlflowClient(tracking_uri=uri)
+
+    return Attempt(make).wait(timeout)
+
+
+def _open_sqlite_file(uri: str) -> None:
+    """Open (and so create, as MLflow would) a SQLite store's file once, to fail at once where it cannot be
+    opened at all (a read-only folder without the database, a folder in its place, no permission): MLflow
+    retries that 9 times with growing sleeps (100 s), so the stage would wait out ``OPEN_TIMEOUT``
+    (measured: 31 s for a read-only folder), past the documented bound. A locked database opens."""
+    if uri.startswith("sqlite:///"):
+        import sqlite3
+
+        sqlite3.connect(uri[len("sqlite:///"):].split("?", 1)[0]).close()
+
+
+@contextlib.contextmanager
+def _store_creation_lock(uri: str):
+    """For a SQLite store: an exclusive ``flock`` on the database's folder while the client opens it.
+
+    Opening a new database runs MLflow's schema migrations; two pipelines doing it at once (the
+    experiments of ``dvc queue start -j 2`` on a fresh repository) break one of them ("Online migration
+    expected to match one row"). Any other store: nothing to lock."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    folder = Path(uri[len("sqlite:///"):]).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def close_run(run_id: str, status: str, *, tracking_uri: str | None = None) -> bool:
+    """Set run ``run_id`` to ``status`` (FAILED or KILLED; FINISHED is accepted too) if it is still RUNNING.
+
+    For a run whose owning process was killed. Returns whether it changed the status. Waits at most
+    :data:`CALL_TIMEOUT` on the store (plus :data:`OPEN_TIMEOUT` if opening it hangs; measured: 0.01 s
+    when refused, 8 s when silent or locked) and never raises for store problems (one warning line
+    instead); a ``status`` that is not a terminal run status raises ValueError.
+    """
+    status = str(status).upper()
+    if status not in RUN_STATUSES:
+        raise ValueError(f"status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
+    if not run_id:
+        return False
+    uri = tracking_uri or _default_tracking_uri()
+    try:
+        client = open_client(uri, OPEN_TIMEOUT)
+
+        def close() -> bool:
+            if client.get_run(run_id).info.status != "RUNNING":
+                return False
+            client.set_terminated(run_id, status=status)
+            return True
+
+        return bool(Attempt(close).wait(CALL_TIMEOUT))
+    except Exception as err:  # never raise for the store
+        if rejected(err):
+            log.warning("MLflow store %s has no run %s to mark %s (%s)", uri, run_id, status, first_line(err, 200))
+        else:
+            log.warning("MLflow store %s %s: run %s was not marked %s", uri, reason(err), run_id, status)
+        log.debug("close_run(%s) failed", run_id, exc_info=True)
+        return False
+
+
+
+# --- bounded reads, for the lineage command ----------------------------------------------------------
+
+
+def _read(uri: str | None, what: Callable[[Any], Any]) -> Any:
+    """``what(client)`` within the bounds of the module docstring; a :class:`TrackingError` on store problems."""
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise TrackingError(f"MLflow store {uri}: no such database (no run has been recorded here)")
+    try:
+        client = open_client(uri, OPEN_TIMEOUT)
+        return Attempt(lambda: what(client)).wait(CALL_TIMEOUT)
+    except Exception as err:
+        if rejected(err):
+            return None
+        raise TrackingError(f"MLflow store {uri} {reason(err)}") from None
+
+
+def get_run(run_id: str, *, uri: str | None = None):
+    """The ``mlflow.entities.Run`` with this id, None if the store has none."""
+    return _read(uri, lambda client: client.get_run(run_id))
+
+
+def find_runs(filter_string: str, *, uri: str | None = None) -> list:
+    """Runs of every experiment that match ``filter_string`` (MLflow's search syntax), newest first."""
+    def search(client):
+        ids = [e.experiment_id for e in client.search_experiments()]
+        return client.search_runs(ids, filter_string, order_by=["attributes.start_time DESC"]) if ids else []
+
+    return _read(uri, search) or []
+
+
+def store_status(uri: str | None = None) -> str:
+    """One line on the tracking store (for the machine report): whether it answers within the bounds."""
+    uri = uri or tracking_uri()
+    try:
+        experiments = _read(uri, lambda client: client.search_experiments(max_results=1000))
+    except TrackingError as err:
+        return str(err).removeprefix("MLflow store ")
+    if experiments is None:
+        return f"{uri} refuses this client (see the warning above)"
+    return f"{uri} answers ({plural(len(experiments), 'experiment')})"
+
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
