@@ -7,14 +7,17 @@ params to arguments. Stages and benchmarks build through here.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from .checkpoint import fingerprint as checkpoint_fingerprint
+from .checkpoint import load as load_checkpoint
 from .config import Params, registry, training_params
 from .data.autoaug.augment import ScaleAwareAutoAugment
 from .data.loader import make_test_loader, make_train_loader
 from .data.transforms import Compose, RandomHorizontalFlip, TestTimeAugmentation, build_transforms
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError, first_line
 from .hardware import Compute, resolve
 from .model import Detector, build_detector
 from .policy import Policy, decode_policy
@@ -45,6 +48,30 @@ def detector(p: Params, *, num_classes: int, compute: Compute, pretrained: bool 
                               detections_per_img=m.detections_per_img, topk_candidates=m.topk_candidates)
     except ConfigError as err:
         raise ConfigError(f"model.backbone_weights: {err}") from None
+
+
+def trained_detector(p: Params, model_file: Path, *, categories: list[dict], split: Path,
+                     device: torch.device) -> tuple[Detector, Compute, int]:
+    """The model in ``model_file`` (a train stage's ``model_final.pth``) as ``p.model`` builds it, on
+    ``device``, computing in the precision and layout it was trained with (stored with it; for a file that
+    does not say, as ``params.yaml`` resolves here); and the iteration it was trained to.
+
+    Raises:
+        CheckpointError: the file cannot be read, was trained on other ``categories`` than those of the
+            annotation cache ``split``, or does not match ``p.model``.
+    """
+    state = load_checkpoint(model_file)
+    if state.get("categories") != categories:
+        raise CheckpointError(f"{model_file}: trained on other categories than {split}")
+    how = (resolve(state["precision"], bool(state.get("channels_last")), device,
+                   source=f"as the model was trained (stored in {model_file})")
+           if "precision" in state else compute(p, device))
+    model = detector(p, num_classes=len(categories), compute=how, pretrained=False)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise CheckpointError(f"{model_file}: does not match params.yaml's model section ({first_line(err)})") from None
+    return model.to(device), how, int(state.get("iteration", 0))
 
 
 def fingerprint(p: Params, compute: Compute, *, data: str) -> str:

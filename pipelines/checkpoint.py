@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import re
 import shutil
@@ -30,7 +31,8 @@ from torch import nn
 
 from . import distributed
 from .errors import CheckpointError, first_line
-from .fileio import atomic_file, file_sha256
+from .fileio import atomic_file, check_writable, file_sha256, remove_temporaries
+from .lifetime import FolderLock
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^model_(\d{7})\.pth$")
@@ -144,6 +146,7 @@ class Checkpointer:
         self.fingerprint = fingerprint
         self.extra = dict(extra or {})
         self._ours: list[tuple[int, Path]] = []  # this run's loadable checkpoints, oldest first (main process)
+        self._lock: FolderLock | None = None  # held by the main process from claim() to its end
 
     def save(self, iteration: int, *, model: nn.Module, optimizer, scheduler, scaler=None) -> Path:
         """Write the checkpoint of ``iteration`` (main process), then drop all of this run's but the newest
@@ -204,6 +207,27 @@ class Checkpointer:
         for path in paths:
             path.rename(aside / path.name)
         log.warning("%s: %d checkpoint file(s) set aside in %s: %s", self.folder, len(paths), aside, why)
+
+    def claim(self, model: nn.Module, final: Path, *, others: list[Path]) -> None:
+        """Before training (main process): take the folder's lock (a second trainer on the same folder is
+        refused in one line), remove the temporary files that a killed writer left for the outputs (``final``,
+        the final model, and ``others``; no writer can run now), and check that the folder has room for
+        ``keep`` + 1 checkpoints of ``model`` (weights and optimizer moments: 3 x its weights) and every
+        output's folder takes a file, ``final``'s with room for the weights."""
+        self._lock = FolderLock(self.folder, job=os.environ.get("TORCHELASTIC_RUN_ID", "")).acquire()
+        remove_temporaries(final, *others)
+        model_bytes = sum(x.numel() * x.element_size() for x in model.state_dict().values())
+        check_writable(self.folder, needed_bytes=3 * model_bytes * (self.keep + 1))
+        check_writable(final.parent, needed_bytes=model_bytes)
+        for path in others:
+            check_writable(path.parent)
+
+    def promote(self, files: dict[Path, Path]) -> None:
+        """Copy this run's working files (the training log, the preview) to their outputs, each atomically
+        (main process): until the run has finished, the previous outputs stay."""
+        for source, target in files.items():
+            with atomic_file(target) as tmp:
+                shutil.copyfile(source, tmp)
 
     def finish(self) -> None:
         """The run is over (its final model written): remove its checkpoints and what was set aside, so

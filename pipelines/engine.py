@@ -33,13 +33,16 @@ class MetricLog:
     """Logged metrics as a CSV file (for ``dvc plots``), written on the main process.
 
     ``start_iter`` > 0 continues a log: rows after ``start_iter`` (logged by an interrupted run past
-    its last checkpoint) are dropped, so that a resumed run writes the file an uninterrupted one would.
+    its last checkpoint) are dropped, so that a resumed run writes the file an uninterrupted one would;
+    ``start_iter`` 0 starts a new one.
     """
 
     def __init__(self, path: str | Path | None, *, start_iter: int = 0):
         self.path = Path(path) if path and distributed.is_main_process() else None
         self._writer = None
         self._file = None
+        if self.path is not None and start_iter == 0:
+            self.path.unlink(missing_ok=True)
         if self.path is not None and start_iter > 0 and self.path.is_file():
             with open(self.path, newline="") as f:
                 reader = csv.DictReader(f)

@@ -19,6 +19,7 @@ probe, so the same machine and environment always resolve the same way:
 from __future__ import annotations
 
 import math
+import logging
 import os
 import platform
 from dataclasses import dataclass
@@ -63,8 +64,18 @@ class Compute:
         """The resolved choice as MLflow params and fingerprint entries (``compute.precision``, ...)."""
         return {"compute.precision": self.precision, "compute.channels_last": self.channels_last}
 
+    def stored(self) -> dict[str, str | bool]:
+        """What a model file keeps of it, so that evaluation computes as training did."""
+        return {"precision": self.precision, "channels_last": self.channels_last}
+
     def describe(self) -> str:
         return f"precision {self.precision}, channels_last {'on' if self.channels_last else 'off'}: {self.reason}"
+
+    def announce(self, logger: logging.Logger) -> None:
+        """The stage's first line: what was chosen and why; then the warning, if any."""
+        logger.info("%s", self.describe())
+        if self.warning:
+            logger.warning("%s", self.warning)
 
 
 def cpu_model() -> str:
