@@ -69,7 +69,7 @@ from pipelines.checkpoint import Checkpointer
 from pipelines.config import Params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
-from pipelines.engine import MetricLog, StopRequest, train, train_step
+from pipelines.engine import MetricLog, Reporter, StopRequest, train, train_step
 from pipelines.tracking.tracker import Tracker
 
 WORLD = 2  # the machine's cores; (b) compares 2 processes x 1 thread with 1 x 1
@@ -243,9 +243,11 @@ def run_stage(p: Params, variant: Variant, dataset, *, rank: int, span: tuple[in
     if rank == 0:  # the progress bar goes to a file, not over the table
         sys.stderr = open(root / f"progress_{tag}.txt", "w")
     try:
+        report = Reporter(max_iter=last, start_iter=start, ims_per_batch=p.train.ims_per_batch,
+                          log_period=p.train.log_period, metric_log=MetricLog(root / "logs" / f"{tag}.csv"),
+                          tracker=tracker)
         train(model, loader, optimizer, scheduler, device=torch.device("cpu"), max_iter=last, start_iter=start,
-              **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, tracker=tracker,
-              metric_log=MetricLog(root / "logs" / f"{tag}.csv"), stop=StopRequest())
+              **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, report=report, stop=StopRequest())
     finally:
         if rank == 0:
             sys.stderr.close()

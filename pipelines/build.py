@@ -17,11 +17,13 @@ from .config import Params, registry, training_params
 from .data.autoaug.augment import ScaleAwareAutoAugment
 from .data.loader import make_test_loader, make_train_loader
 from .data.transforms import Compose, RandomHorizontalFlip, TestTimeAugmentation, build_transforms
+from .engine import MetricLog, Reporter
 from .errors import CheckpointError, ConfigError, first_line
 from .hardware import Compute, resolve
 from .model import Detector, build_detector
 from .policy import Policy, decode_policy
 from .solver import build_lr_scheduler, build_optimizer
+from .tracking.tracker import Tracker
 
 
 def compute(p: Params, device: torch.device) -> Compute:
@@ -163,10 +165,17 @@ def grad_scaler(compute: Compute, device: torch.device) -> torch.amp.GradScaler:
 
 def loop_settings(p: Params) -> dict:
     """The keyword arguments of :func:`pipelines.engine.train` that params set (the caller adds the
-    iteration range and what it runs with: loader, checkpointer, tracker, log, stop)."""
-    t = p.train
-    return {"ims_per_batch": t.ims_per_batch, "log_period": t.log_period, "checkpoint_period": t.checkpoint_period,
-            "clip_grad_norm": t.clip_grad_norm}
+    iteration range and what it runs with: loader, checkpointer, reporter, stop)."""
+    return {"checkpoint_period": p.train.checkpoint_period, "clip_grad_norm": p.train.clip_grad_norm}
+
+
+def reporter(p: Params, *, start_iter: int, device: torch.device, log_file: Path | None = None,
+             tracker: Tracker | None = None, tracked_until: int = 0) -> Reporter:
+    """What the loop reports, as ``train.log_period`` says: to the CSV ``log_file`` (continued from
+    ``start_iter``), to ``tracker`` and to the progress bar (:class:`pipelines.engine.Reporter`)."""
+    return Reporter(max_iter=p.train.max_iter, start_iter=start_iter, ims_per_batch=p.train.ims_per_batch,
+                    log_period=p.train.log_period, metric_log=MetricLog(log_file, start_iter=start_iter),
+                    tracker=tracker, tracked_until=tracked_until, device=device)
 
 
 def data_parallel(p: Params, model: torch.nn.Module, *, device: torch.device, world_size: int) -> torch.nn.Module:

@@ -136,30 +136,66 @@ def train_step(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Opti
     return {k: v.detach() for k, v in loss_dict.items()}
 
 
+class Reporter:
+    """What the training loop reports. On the main process, every ``log_period`` iterations and at
+    ``max_iter``: the total and per-component losses (averaged across processes), the learning rate and
+    the images per second (``ims_per_batch`` is the global batch) to ``metric_log`` (the CSV log), to
+    ``tracker`` (the MLflow run; steps up to ``tracked_until`` are already there and not sent again) and
+    to the progress bar. On the other processes every method does nothing: they still join every
+    collective of the loop, which is the loop's, not the reporter's."""
+
+    def __init__(self, *, max_iter: int, start_iter: int = 0, ims_per_batch: int = 1, log_period: int = 20,
+                 metric_log: MetricLog | None = None, tracker: Tracker | None = None, tracked_until: int = 0,
+                 device: torch.device = torch.device("cpu")):
+        self.main = distributed.is_main_process()
+        self.max_iter, self.ims_per_batch, self.log_period = max_iter, ims_per_batch, log_period
+        self.metric_log, self.tracker = metric_log or MetricLog(None), tracker or Tracker()
+        self.tracked_until, self.device = tracked_until, device
+        self.progress = tqdm(total=max_iter, initial=start_iter, desc="train", unit="it", disable=not self.main,
+                             mininterval=2.0)
+        self._window_start, self._window_iters = time.perf_counter(), 0
+
+    def iteration(self, iteration: int, *, total: float, losses: dict[str, float], lr: float) -> None:
+        """Iteration ``iteration`` is done, with these losses (averaged across processes) and learning rate."""
+        self._window_iters += 1
+        if self.main and (iteration % self.log_period == 0 or iteration == self.max_iter):
+            elapsed = time.perf_counter() - self._window_start
+            row = {"iteration": iteration, "loss": total, **losses, "lr": lr}
+            self.metric_log.write(row)  # deterministic: the same params give the same file
+            images_per_sec = self.ims_per_batch * self._window_iters / elapsed
+            speed = {"train/images_per_sec": images_per_sec}
+            if self.device.type == "cuda":  # peak GPU memory of this process so far (MB), as detectron2 logs it
+                speed["train/max_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+            if iteration > self.tracked_until:
+                self.tracker.log_metrics({**{f"train/{k}": v for k, v in row.items() if k != "iteration"}, **speed},
+                                         step=iteration)
+            self.progress.set_postfix(loss=f"{total:.3f}", lr=f"{lr:.2e}", ips=f"{images_per_sec:.1f}")
+            self._window_start, self._window_iters = time.perf_counter(), 0
+        self.progress.update(1)
+
+    def close(self) -> None:
+        self.progress.close()
+        self.metric_log.close()
+
+
 def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, scheduler, *, device: torch.device,
-          max_iter: int, start_iter: int = 0, ims_per_batch: int, log_period: int = 20, checkpoint_period: int = 1000,
-          checkpointer: Checkpointer | None = None, clip_grad_norm: float = 0.0,
-          scaler: torch.amp.GradScaler | None = None, tracker: Tracker | None = None,
-          tracked_until: int = 0, metric_log: MetricLog | None = None, stop: StopRequest | None = None) -> None:
+          max_iter: int, start_iter: int = 0, checkpoint_period: int = 1000, checkpointer: Checkpointer | None = None,
+          clip_grad_norm: float = 0.0, scaler: torch.amp.GradScaler | None = None, report: Reporter | None = None,
+          stop: StopRequest | None = None) -> None:
     """Train from ``start_iter`` to ``max_iter``, one batch of ``loader`` each (:func:`train_step`).
 
-    Losses are averaged across processes and, on the main process, logged every ``log_period``
-    iterations and at ``max_iter`` with the learning rate and images per second (``ims_per_batch``
-    is the global batch) to ``metric_log`` and to ``tracker`` (steps up to ``tracked_until`` are
-    already there and not sent again). Every ``checkpoint_period`` iterations before ``max_iter``,
-    ``checkpointer`` writes a checkpoint.
+    Losses are averaged across processes every iteration and handed to ``report`` (by default, a
+    progress bar). Every ``checkpoint_period`` iterations before ``max_iter``, ``checkpointer`` writes a
+    checkpoint.
 
     Raises:
         TrainingError: a non-finite loss (naming the iteration and the component).
         Stopped: ``stop`` was set; the iteration reached is checkpointed first.
         RuntimeError: the loader ended before ``max_iter``.
     """
-    tracker = tracker or Tracker()
-    metric_log = metric_log or MetricLog(None)
+    report = report or Reporter(max_iter=max_iter, start_iter=start_iter, device=device)
     main = distributed.is_main_process()
     model.train()
-    progress = tqdm(total=max_iter, initial=start_iter, desc="train", unit="it", disable=not main, mininterval=2.0)
-    window_start, window_iters = time.perf_counter(), 0
     iteration, last_checkpoint = start_iter, None
     for batch in loader:
         iteration += 1
@@ -167,7 +203,6 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
         reduced_tensors, stopping = distributed.reduce_loss_dict(losses, flag=stop is not None and stop.is_set())
         total = float(sum(reduced_tensors.values()))  # summed in float32, as logged before
         reduced = {k: float(v) for k, v in reduced_tensors.items()}
-        window_iters += 1
         bad = [k for k, v in reduced.items() if not math.isfinite(v)]
         if bad:
             kept = (f"the last checkpoint is {last_checkpoint}" if last_checkpoint
@@ -175,22 +210,7 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
                     else "no checkpoint was written")
             raise TrainingError(f"iteration {iteration}: loss {bad[0]} is {reduced[bad[0]]} (not finite); training "
                                 f"stopped, {kept} (lower train.base_lr or raise train.warmup_iters)")
-
-        if main and (iteration % log_period == 0 or iteration == max_iter):
-            elapsed = time.perf_counter() - window_start
-            row = {"iteration": iteration, "loss": total, **reduced,
-                   "lr": optimizer.param_groups[0]["lr"]}
-            metric_log.write(row)  # deterministic: the same params give the same file
-            images_per_sec = ims_per_batch * window_iters / elapsed
-            speed = {"train/images_per_sec": images_per_sec}
-            if device.type == "cuda":  # peak GPU memory of this process so far (MB), as detectron2 logs it
-                speed["train/max_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-            if iteration > tracked_until:
-                tracker.log_metrics({**{f"train/{k}": v for k, v in row.items() if k != "iteration"}, **speed},
-                                    step=iteration)
-            progress.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}", ips=f"{images_per_sec:.1f}")
-            window_start, window_iters = time.perf_counter(), 0
-        progress.update(1)
+        report.iteration(iteration, total=total, losses=reduced, lr=optimizer.param_groups[0]["lr"])
 
         periodic = iteration % checkpoint_period == 0 and iteration < max_iter
         if checkpointer is not None and (periodic or (stopping and iteration < max_iter)):
@@ -199,12 +219,10 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
             if main:
                 log.info("iteration %d: checkpoint %s", iteration, last_checkpoint)
         if stopping and iteration < max_iter:
-            progress.close()
-            metric_log.close()
+            report.close()
             where = f"; checkpoint {last_checkpoint}" if last_checkpoint else ""
             raise Stopped(f"training stopped by {stop.signal_name} at iteration {iteration}{where}; "
                           "run the stage again to resume", signum=stop.signum)
-    progress.close()
-    metric_log.close()
+    report.close()
     if iteration != max_iter:
         raise RuntimeError(f"the loader ended at iteration {iteration}, expected {max_iter}")

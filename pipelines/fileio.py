@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import glob
 import hashlib
 import json
@@ -110,13 +111,17 @@ def _unnamed_file(folder: Path) -> int | None:
         return None
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _link_unnamed(proc_path: str, path: Path) -> str:
     """Give the unnamed file at ``proc_path`` a temporary name beside ``path``; return that name.
     (``linkat`` with ``AT_SYMLINK_FOLLOW`` through libc: Python 3.11's ``os.link`` does not follow
     ``/proc/self/fd`` links.)"""
     name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}")
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.linkat(_AT_FDCWD, proc_path.encode(), _AT_FDCWD, os.fsencode(name), _AT_SYMLINK_FOLLOW) != 0:
+    if _libc().linkat(_AT_FDCWD, proc_path.encode(), _AT_FDCWD, os.fsencode(name), _AT_SYMLINK_FOLLOW) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), name)
     return name

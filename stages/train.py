@@ -18,7 +18,7 @@ from pipelines.config import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data.preview import augmentation_preview
-from pipelines.engine import MetricLog, StopRequest, train
+from pipelines.engine import StopRequest, train
 from pipelines.tracking.run import open_training_run, read_run_file, stage_run
 from pipelines.tracking.tracker import Tracker
 
@@ -78,9 +78,10 @@ def main(argv: list[str] | None = None) -> None:
             augmentation_preview(plain, dataset, count=PREVIEW_SAMPLES, iteration=p.train.max_iter, path=preview)
             if start_iter == 0:
                 tracker.log_artifact(preview, "preview")
+        report = build.reporter(p, start_iter=start_iter, device=device, log_file=train_log, tracker=tracker,
+                                tracked_until=tracked_until)
         train(model, loader, optimizer, scheduler, device=device, max_iter=p.train.max_iter, start_iter=start_iter,
-              **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, tracker=tracker,
-              tracked_until=tracked_until, metric_log=MetricLog(train_log, start_iter=start_iter), stop=stop)
+              **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, report=report, stop=stop)
         if main_process:
             checkpoint.save(final, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
                             iteration=p.train.max_iter, **compute.stored())

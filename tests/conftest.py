@@ -14,6 +14,19 @@ COCO_REAL = SHARED_DATA / "coco-real-33"
 KNOWN_ANSWER = SHARED_DATA / "cocoeval-known-answer"
 
 
+def set_dotted(tree: dict, dotted: str, value) -> None:
+    """Set the key ``dotted`` (``train.base_lr``) of a params tree in place; ``KeyError`` as the value
+    deletes it."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for key in parents:
+        node = node[key]
+    if value is KeyError:
+        del node[leaf]
+    else:
+        node[leaf] = value
+
+
 def require(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"shared data not found at {path}")

@@ -40,7 +40,7 @@ from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.errors import CacheError, ImageError
 
-from .conftest import REPO
+from .conftest import REPO, set_dotted
 
 SIZES = {"a.jpg": (32, 24), "b.jpg": (24, 32), "c.jpg": (32, 24)}  # file name: (width, height)
 DATASET_KEYS = "name, train_images, train_annotations, val_images, val_annotations, max_image_pixels"
@@ -792,14 +792,7 @@ def _with(changes: dict) -> Callable[[dict], None]:
     """Set dotted keys of the params dict (KeyError as a value deletes the key)."""
     def change(params: dict) -> None:
         for dotted, value in changes.items():
-            *parents, leaf = dotted.split(".")
-            node = params
-            for key in parents:
-                node = node[key]
-            if value is KeyError:
-                del node[leaf]
-            else:
-                node[leaf] = value
+            set_dotted(params, dotted, value)
     return change
 
 

@@ -260,9 +260,11 @@ def test_loop_settings_are_the_train_sections_keyword_arguments_of_the_loop(para
 
     settings = build.loop_settings(params)
     assert set(settings) <= set(inspect.signature(train).parameters)
-    assert settings == {"ims_per_batch": params.train.ims_per_batch, "log_period": params.train.log_period,
-                        "checkpoint_period": params.train.checkpoint_period,
+    assert settings == {"checkpoint_period": params.train.checkpoint_period,
                         "clip_grad_norm": params.train.clip_grad_norm}
+    report = build.reporter(params, start_iter=3, device=torch.device("cpu"))
+    assert (report.max_iter, report.ims_per_batch, report.log_period) == (
+        params.train.max_iter, params.train.ims_per_batch, params.train.log_period)
 
 
 def test_the_resolved_precision_and_layout_enter_the_resume_fingerprint(params):

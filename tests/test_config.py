@@ -9,7 +9,7 @@ from pipelines.compose import compose_params
 from pipelines.config import load_params, params_from_dict, to_flat_dict, training_params, weights_name
 from pipelines.errors import ConfigError
 
-from .conftest import REPO
+from .conftest import REPO, set_dotted
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +41,7 @@ def test_loads_the_committed_params():
 
 def _broken(raw: dict, dotted: str, value) -> dict:
     raw = copy.deepcopy(raw)
-    *parents, leaf = dotted.split(".")
-    node = raw
-    for key in parents:
-        node = node[key]
-    if value is KeyError:
-        del node[leaf]
-    else:
-        node[leaf] = value
+    set_dotted(raw, dotted, value)
     return raw
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from pipelines import checkpoint
 from pipelines.checkpoint import Checkpointer
 from pipelines.data.collate import Batch
-from pipelines.engine import MetricLog, StopRequest, train, train_step
+from pipelines.engine import MetricLog, Reporter, StopRequest, train, train_step
 from pipelines.errors import Stopped, TrainingError
 from pipelines.solver import build_lr_scheduler
 
@@ -76,8 +76,7 @@ def _checkpointer(folder, keep=5, fingerprint="f"):
 
 def test_loop_checkpoints_every_period_but_not_at_the_end_and_keeps_the_newest(tmp_path):
     model, optimizer, scheduler = _setup()
-    train(model, _batches(7), optimizer, scheduler, device=torch.device("cpu"), max_iter=7, ims_per_batch=2,
-          log_period=100, checkpoint_period=2, checkpointer=_checkpointer(tmp_path, keep=2))
+    train(model, _batches(7), optimizer, scheduler, device=torch.device("cpu"), max_iter=7, checkpoint_period=2, checkpointer=_checkpointer(tmp_path, keep=2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model_0000004.pth", "model_0000006.pth"]
     state = checkpoint.load(tmp_path / "model_0000006.pth")
     assert state["iteration"] == 6 and state["scheduler"]["last_epoch"] == 6 and state["fingerprint"] == "f"
@@ -87,33 +86,30 @@ def test_loop_checkpoints_every_period_but_not_at_the_end_and_keeps_the_newest(t
 def test_loop_resumed_at_start_iter_counts_from_there(tmp_path):
     model, optimizer, scheduler = _setup()
     train(model, _batches(3), optimizer, scheduler, device=torch.device("cpu"), start_iter=4, max_iter=7,
-          ims_per_batch=2, checkpoint_period=5, checkpointer=_checkpointer(tmp_path))
+          checkpoint_period=5, checkpointer=_checkpointer(tmp_path))
     assert [p.name for p in tmp_path.iterdir()] == ["model_0000005.pth"]
 
 
 def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
     batches = _batches(8)
     model, optimizer, scheduler = _setup()
-    train(model, batches, optimizer, scheduler, device=torch.device("cpu"), max_iter=8, ims_per_batch=2)
+    train(model, batches, optimizer, scheduler, device=torch.device("cpu"), max_iter=8)
     uninterrupted = [p.detach().clone() for p in model.parameters()]
 
     model, optimizer, scheduler = _setup()
     with pytest.raises(RuntimeError, match="ended at iteration 5"):  # as if killed after iteration 5
-        train(model, batches[:5], optimizer, scheduler, device=torch.device("cpu"), max_iter=8, ims_per_batch=2,
-              checkpoint_period=3, checkpointer=_checkpointer(tmp_path))
+        train(model, batches[:5], optimizer, scheduler, device=torch.device("cpu"), max_iter=8, checkpoint_period=3, checkpointer=_checkpointer(tmp_path))
     model, optimizer, scheduler = _setup()
     torch.nn.init.zeros_(model.linear.weight)  # whatever the fresh state, the checkpoint replaces it
     start, extras = _checkpointer(tmp_path).resume(model=model, optimizer=optimizer, scheduler=scheduler)
     assert start == 3 and extras["iteration"] == 3
-    train(model, batches[3:], optimizer, scheduler, device=torch.device("cpu"), start_iter=3, max_iter=8,
-          ims_per_batch=2)
+    train(model, batches[3:], optimizer, scheduler, device=torch.device("cpu"), start_iter=3, max_iter=8)
     assert all(torch.equal(a, b) for a, b in zip(uninterrupted, model.parameters()))
 
 
 def test_checkpoints_of_another_fingerprint_are_set_aside(tmp_path):
     model, optimizer, scheduler = _setup()
-    train(model, _batches(4), optimizer, scheduler, device=torch.device("cpu"), max_iter=4, ims_per_batch=2,
-          checkpoint_period=2, checkpointer=_checkpointer(tmp_path, fingerprint="old"))
+    train(model, _batches(4), optimizer, scheduler, device=torch.device("cpu"), max_iter=4, checkpoint_period=2, checkpointer=_checkpointer(tmp_path, fingerprint="old"))
     (tmp_path / ".model_0000003.pth.abc123").write_bytes(b"half")  # a write that was interrupted
     start, _ = _checkpointer(tmp_path, fingerprint="new").resume(model=model, optimizer=optimizer, scheduler=scheduler)
     assert start == 0
@@ -123,8 +119,7 @@ def test_checkpoints_of_another_fingerprint_are_set_aside(tmp_path):
 
 def test_an_unreadable_checkpoint_is_skipped_for_the_one_before(tmp_path):
     model, optimizer, scheduler = _setup()
-    train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2,
-          checkpoint_period=2, checkpointer=_checkpointer(tmp_path))
+    train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, checkpoint_period=2, checkpointer=_checkpointer(tmp_path))
     (tmp_path / "model_0000004.pth").write_bytes(b"not a checkpoint")
     start, _ = _checkpointer(tmp_path).resume(model=model, optimizer=optimizer, scheduler=scheduler)
     assert start == 2
@@ -135,8 +130,7 @@ def test_pruning_counts_only_this_runs_loadable_checkpoints(tmp_path):
     neither is a copy whose name gives another iteration, nor a file that appears during the run."""
     model, optimizer, scheduler = _setup()
     with pytest.raises(RuntimeError, match="ended at iteration 5"):  # killed after iteration 5
-        train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=12, ims_per_batch=2,
-              checkpoint_period=2, checkpointer=_checkpointer(tmp_path))
+        train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=12, checkpoint_period=2, checkpointer=_checkpointer(tmp_path))
     (tmp_path / "model_0000007.pth").write_bytes(b"not a checkpoint")
     shutil.copyfile(tmp_path / "model_0000002.pth", tmp_path / "model_0000003.pth")
     model, optimizer, scheduler = _setup()
@@ -153,7 +147,7 @@ def test_pruning_counts_only_this_runs_loadable_checkpoints(tmp_path):
                 yield batch
 
     train(model, Planting(_batches(12)[4:11]), optimizer, scheduler, device=torch.device("cpu"), start_iter=4,
-          max_iter=11, ims_per_batch=2, checkpoint_period=2, checkpointer=checkpointer)
+          max_iter=11, checkpoint_period=2, checkpointer=checkpointer)
     assert sorted(p.name for p in tmp_path.glob("model_*.pth")) == ["model_0000008.pth", "model_0000010.pth"]
     assert (tmp_path / "previous" / "model_0000099.pth").is_file()
     checkpointer.finish()  # the run is over: nothing left to resume, nothing set aside
@@ -163,8 +157,7 @@ def test_pruning_counts_only_this_runs_loadable_checkpoints(tmp_path):
 def test_a_non_finite_loss_stops_training_naming_iteration_and_component(tmp_path):
     model, optimizer, scheduler = _setup(lr=1e30)
     with pytest.raises(TrainingError, match=r"^iteration \d+: loss (bbox_regression|classification) is (nan|inf)"):
-        train(model, _batches(10), optimizer, scheduler, device=torch.device("cpu"), max_iter=10, ims_per_batch=2,
-              checkpoint_period=100, checkpointer=_checkpointer(tmp_path))
+        train(model, _batches(10), optimizer, scheduler, device=torch.device("cpu"), max_iter=10, checkpoint_period=100, checkpointer=_checkpointer(tmp_path))
     assert not list(tmp_path.iterdir())  # no checkpoint of a diverged model
 
 
@@ -172,7 +165,7 @@ def test_a_non_finite_loss_after_a_resume_names_the_checkpoint_it_resumed_from(t
     model, optimizer, scheduler = _setup(lr=1e30)
     with pytest.raises(TrainingError, match=r"training stopped, the checkpoint of iteration 4 it resumed from is kept"):
         train(model, _batches(6), optimizer, scheduler, device=torch.device("cpu"), start_iter=4, max_iter=10,
-              ims_per_batch=2, checkpoint_period=100, checkpointer=_checkpointer(tmp_path))
+              checkpoint_period=100, checkpointer=_checkpointer(tmp_path))
 
 
 def test_a_stop_request_checkpoints_the_next_iteration_and_stops(tmp_path):
@@ -180,22 +173,22 @@ def test_a_stop_request_checkpoints_the_next_iteration_and_stops(tmp_path):
     stop = StopRequest()
     stop.set()
     with pytest.raises(Stopped, match=r"stopped by a stop request at iteration 1; checkpoint .*model_0000001.pth"):
-        train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2,
-              checkpointer=_checkpointer(tmp_path), stop=stop)
+        train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, checkpointer=_checkpointer(tmp_path), stop=stop)
     assert checkpoint.load(tmp_path / "model_0000001.pth")["iteration"] == 1
 
 
 def test_a_loader_that_ends_early_is_an_error(tmp_path):
     model, optimizer, scheduler = _setup()
     with pytest.raises(RuntimeError, match="the loader ended at iteration 3, expected 5"):
-        train(model, _batches(3), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2)
+        train(model, _batches(3), optimizer, scheduler, device=torch.device("cpu"), max_iter=5)
 
 
 def test_metric_log_has_a_row_every_period_and_at_the_end(tmp_path):
     model, optimizer, scheduler = _setup()
     log = tmp_path / "log.csv"
-    train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5, ims_per_batch=2,
-          log_period=2, checkpointer=_checkpointer(tmp_path / "ckpt"), metric_log=MetricLog(log))
+    train(model, _batches(5), optimizer, scheduler, device=torch.device("cpu"), max_iter=5,
+          checkpointer=_checkpointer(tmp_path / "ckpt"),
+          report=Reporter(max_iter=5, log_period=2, metric_log=MetricLog(log)))
     with open(log, newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["iteration"]) for r in rows] == [2, 4, 5]
@@ -227,7 +220,7 @@ def _fp16_run(batches, folder=None, *, start: int = 0, max_iter: int = 8, resume
                                             scaler=scaler)[0] == start
     try:
         train(model, batches[start:], optimizer, scheduler, device=torch.device("cpu"), start_iter=start,
-              max_iter=max_iter, ims_per_batch=2, checkpoint_period=3, clip_grad_norm=1.0, scaler=scaler,
+              max_iter=max_iter, checkpoint_period=3, clip_grad_norm=1.0, scaler=scaler,
               checkpointer=_checkpointer(folder) if folder and not resume else None)
     except RuntimeError:  # the loader ended early: as if killed
         pass
@@ -251,8 +244,7 @@ def test_fp16_steps_scale_the_loss_and_resume_with_the_scalers_state(tmp_path):
 def test_a_disabled_scaler_is_neither_used_nor_saved(tmp_path):
     model, optimizer, scheduler = _setup()
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    train(model, _batches(4), optimizer, scheduler, device=torch.device("cpu"), max_iter=4, ims_per_batch=2,
-          checkpoint_period=2, scaler=scaler, checkpointer=_checkpointer(tmp_path))
+    train(model, _batches(4), optimizer, scheduler, device=torch.device("cpu"), max_iter=4, checkpoint_period=2, scaler=scaler, checkpointer=_checkpointer(tmp_path))
     assert "grad_scaler" not in checkpoint.load(tmp_path / "model_0000002.pth")
 
 
@@ -296,12 +288,12 @@ def test_every_collective_of_the_loop_runs_on_the_training_device(monkeypatch):
         "bbox_regression": torch.tensor(0.25).as_subclass(_OnGpu)})
     model, optimizer, scheduler = _setup()
     stop = StopRequest()
-    train(model, [_GpuBatch()] * 3, optimizer, scheduler, device=GPU, max_iter=3, ims_per_batch=2, log_period=1,
-          stop=stop)
+    train(model, [_GpuBatch()] * 3, optimizer, scheduler, device=GPU, max_iter=3, stop=stop,
+          report=Reporter(max_iter=3, log_period=1, device=GPU))
     assert len(seen) >= 3 and set(seen) == {GPU}  # at least one collective per iteration, every one on cuda:0
 
     seen.clear()
     stop.set()  # a stop request reaches the other process through the same collective
     with pytest.raises(Stopped, match="at iteration 1"):
-        train(model, [_GpuBatch()] * 3, optimizer, scheduler, device=GPU, max_iter=3, ims_per_batch=2, stop=stop)
+        train(model, [_GpuBatch()] * 3, optimizer, scheduler, device=GPU, max_iter=3, stop=stop)
     assert seen and set(seen) == {GPU}

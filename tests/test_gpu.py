@@ -84,7 +84,7 @@ def test_the_cuda_generator_state_round_trips_through_a_checkpoint(tmp_path):
 
 def _loop_worker(rank: int, init_file: str, results) -> None:
     """Two NCCL processes run the training loop; rank 1 alone asks to stop at iteration 2."""
-    from pipelines.engine import StopRequest, train
+    from pipelines.engine import Reporter, StopRequest, train
     from pipelines.errors import Stopped
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
@@ -108,8 +108,8 @@ def _loop_worker(rank: int, init_file: str, results) -> None:
                 yield _batch(device)
 
     try:
-        train(model, Loader(), optimizer, scheduler, device=device, max_iter=5, ims_per_batch=4, log_period=1,
-              scaler=build.grad_scaler(compute, device), stop=stop)
+        train(model, Loader(), optimizer, scheduler, device=device, max_iter=5, scaler=build.grad_scaler(compute, device),
+              stop=stop, report=Reporter(max_iter=5, ims_per_batch=4, log_period=1, device=device))
         results[rank] = "finished"
     except Stopped as err:
         results[rank] = str(err)
