@@ -65,7 +65,7 @@ def reduce_loss_dict(loss_dict: dict[str, torch.Tensor], *,
     """Average scalar losses across processes and learn whether any process raised ``flag``, in one
     all-reduce: ``(losses, any flag)``, the same on every process.
 
-    As the seed's ``reduce_loss_dict`` (keys sorted, also in one process; values stacked, summed,
+    As maskrcnn-benchmark's ``reduce_loss_dict`` (keys sorted, also in one process; values stacked, summed,
     divided by the world size), but all-reduced instead of reduced to rank 0, so that every process
     sees the same values and they stop together on a non-finite loss or a stop request. The flag
     rides in the losses' tensor, on the training device: an NCCL group has no CPU backend.

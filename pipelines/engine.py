@@ -1,4 +1,5 @@
-"""The training step and loop (the seed's ``do_train``), with explicit arguments.
+"""The training step and loop (maskrcnn-benchmark's ``do_train``, which the original SA-AutoAug builds on),
+with explicit arguments.
 
 The loop checks the losses every iteration on every process (averaged across processes, so all
 stop together): a non-finite loss stops training with the iteration and the loss component named,

@@ -1,6 +1,6 @@
 """Stage cache: convert each prepared split into a memory-mappable annotation cache.
 
-Training drops images without a usable box (as the seed does); val keeps every image. A split's
+Training drops images without a usable box (as maskrcnn-benchmark does); val keeps every image. A split's
 cache is rebuilt only when its source JSON, its settings or the cache format changed, or when the
 cache on disk is missing, truncated or fails its checksums.
 """

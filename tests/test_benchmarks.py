@@ -178,7 +178,7 @@ def test_train_step_benchmark_quick_run_reports_every_variant_and_goal(capsys):
 
 
 def test_train_step_benchmark_diagnostics_pin_threads_and_train_without_all_reduce(capsys):
-    """The variants the README's second table comes from: each process's threads pinned to a core of
+    """The variants docs/benchmarks.md's second table comes from: each process's threads pinned to a core of
     its own, and two processes training alone (an iteration counted as the slower process's)."""
     from benchmarks import train_step as train_step_benchmark
 

@@ -1,4 +1,4 @@
-"""Your own COCO-format data: the README's command, as written, on real photos in a copy of the repository.
+"""Your own COCO-format data: the command of docs/data.md, as written, on real photos in a copy of the repository.
 
 ``../shared/data/coco-real-33`` has one split: it serves as both train and val. The four paths are
 absolute and outside the repository copy, as a user's data would be.
@@ -18,16 +18,16 @@ from .test_pipeline import _copy_repo, _env
 
 pytestmark = pytest.mark.slow
 
-# Not in README's command, only to keep this test near a minute on 2 cores (twice that without them): smaller
+# Not in the documented command, only to keep this test near a minute on 2 cores (twice that without them): smaller
 # input sizes, no loader workers and 8 of the smoke solver's 20 iterations. Data, paths and stages as written.
 FAST = ["-S", "model.min_size_train=[160]", "-S", "model.max_size_train=224", "-S", "model.min_size_test=160",
         "-S", "model.max_size_test=224", "-S", "loader.num_workers=0", "-S", "train.max_iter=8"]
 PATH_KEYS = ("dataset.train_images", "dataset.train_annotations", "dataset.val_images", "dataset.val_annotations")
 
 
-def readme_command() -> list[str]:
-    """The first ``bash`` block of README's "Your own COCO-format data" section, as arguments."""
-    section = (REPO / "README.md").read_text().split("### Your own COCO-format data", 1)[1]
+def documented_command() -> list[str]:
+    """The first ``bash`` block of docs/data.md's "Your own COCO-format data" section, as arguments."""
+    section = (REPO / "docs" / "data.md").read_text().split("## Your own COCO-format data", 1)[1]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     return shlex.split(block.replace("\\\n", " "))
 
@@ -40,7 +40,7 @@ def _with_paths(command: list[str], paths: dict[str, Path]) -> list[str]:
         if key in paths:
             arg, seen = f"{key}={paths[key]}", seen | {key}
         out.append(arg)
-    assert seen == set(paths), f"README's command sets {sorted(seen)}, expected {sorted(paths)}"
+    assert seen == set(paths), f"docs/data.md's command sets {sorted(seen)}, expected {sorted(paths)}"
     return out
 
 
@@ -50,7 +50,7 @@ def _dvc(repo: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProc
     return done
 
 
-def test_readme_command_trains_on_data_outside_the_repository_and_watches_its_four_paths(tmp_path):
+def test_the_documented_command_trains_on_data_outside_the_repository_and_watches_its_four_paths(tmp_path):
     shared = require(COCO_REAL)
     data = tmp_path / "my data"  # outside the repository, with a space in its path
     shutil.copytree(shared / "images", data / "images")
@@ -59,7 +59,7 @@ def test_readme_command_trains_on_data_outside_the_repository_and_watches_its_fo
     repo.mkdir()
     _copy_repo(repo)
 
-    command = readme_command()
+    command = documented_command()
     assert command[:3] == ["dvc", "exp", "run"] and "dataset=coco" in command and "solver=smoke" in command
     assert not any(arg.startswith("dataset.source") for arg in command)
     paths = dict(zip(PATH_KEYS, (data / "images", data / "instances.json", data / "images", data / "instances.json")))

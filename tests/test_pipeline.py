@@ -533,9 +533,9 @@ def _free_port() -> int:
 
 
 def _readme_two_nodes() -> tuple[dict[str, str], list[tuple[int, list[str]]]]:
-    """README's "Two nodes on one machine" block: its compose overrides, and each launcher's core and
+    """docs/distributed.md's "Two nodes on one machine" block: its compose overrides, and each launcher's core and
     arguments after ``python -m pipelines.launch``."""
-    section = (REPO / "README.md").read_text().split("**Two nodes on one machine**", 1)[1]
+    section = (REPO / "docs" / "distributed.md").read_text().split("**Two nodes on one machine**", 1)[1]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
     overrides, launchers = {}, []
     for line in block.splitlines():
@@ -548,7 +548,7 @@ def _readme_two_nodes() -> tuple[dict[str, str], list[tuple[int, list[str]]]]:
 
 
 def test_two_nodes_of_one_process_train_the_weights_of_one_node_of_two(repo, tmp_path):
-    """README's two launchers on 127.0.0.1, one gloo process each, each pinned to one core, as each of one
+    """docs/distributed.md's two launchers on 127.0.0.1, one gloo process each, each pinned to one core, as each of one
     node's two processes gets one of its two cores (here with the tiny params, a free port, other outputs)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores")

@@ -1,4 +1,4 @@
-"""A sweep as the README gives it: two experiments queued with ``dvc exp run --queue`` and run with
+"""A sweep as docs/tracking.md gives it: two experiments queued with ``dvc exp run --queue`` and run with
 ``dvc queue start -j 2``, each one complete MLflow run in the same experiment; then the MLflow UI over
 their store, served by a real ``mlflow server`` and read in headless Chromium (Playwright), with
 screenshots kept as test artifacts."""

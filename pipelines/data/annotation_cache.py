@@ -7,7 +7,7 @@ array              dtype       meaning
 =================  ==========  ================================================================
 ``image_ids``      int64 (N)   COCO image id, ascending
 ``sizes``          int32 (N,2) width, height of the stored image
-``aspect_groups``  uint8 (N)   0 landscape (h < w), 1 portrait or square (the seed's bins=[1])
+``aspect_groups``  uint8 (N)   0 landscape (h < w), 1 portrait or square (maskrcnn-benchmark's bins=[1])
 ``name_offsets``   int64 (N+1) file name ``i`` is ``names[name_offsets[i]:name_offsets[i+1]]``
 ``names``          uint8       UTF-8 file names, concatenated
 ``box_offsets``    int64 (N+1) boxes of image ``i`` are rows ``box_offsets[i]:box_offsets[i+1]``

@@ -1,4 +1,5 @@
-"""Data loaders for training and testing (the seed's ``make_data_loader``, with explicit arguments)."""
+"""Data loaders for training and testing (maskrcnn-benchmark's ``make_data_loader``, as the original
+SA-AutoAug uses it, with explicit arguments)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Samplers: distributed sharding, aspect-ratio grouping and iteration-based, resumable batching.
 
-They reproduce the seed's (maskrcnn-benchmark's) ``make_data_loader`` behaviour with two fixes:
+They reproduce maskrcnn-benchmark's ``make_data_loader`` (the original SA-AutoAug's) behaviour with two fixes:
 every shuffle takes an explicit seed, and :class:`IterationBasedBatchSampler` resumed at
 ``start_iter`` continues the very same batch sequence instead of restarting an epoch.
 
@@ -58,7 +58,7 @@ class InferenceSampler(Sampler[int]):
     """Every index exactly once across ranks: rank ``r`` takes the ``r``-th contiguous shard.
 
     Shard sizes differ by at most one. With ``shuffle`` the order is a permutation from ``seed``
-    (the seed shuffles the test set when distributed, which balances aspect ratios across ranks).
+    (maskrcnn-benchmark shuffles the test set when distributed, which balances aspect ratios across ranks).
     """
 
     def __init__(self, size: int, *, num_replicas: int = 1, rank: int = 0, shuffle: bool = False, seed: int = 0):
