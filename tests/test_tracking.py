@@ -562,3 +562,28 @@ def test_a_run_left_running_is_closed_unless_it_is_continued(store, tmp_path):
     assert client.get_run(killed.run_id).info.status == "KILLED"
     close_run_file(tmp_path / "run.json", "FAILED")  # the launcher's call: no longer RUNNING, nothing changes
     assert client.get_run(killed.run_id).info.status == "KILLED"
+
+
+def test_run_names_compare_against_the_committed_params_not_a_composition(tmp_path, monkeypatch):
+    """The baseline of a run's name is a record that exists: params.yaml as the commit the run starts from
+    holds it (a DVC experiment's baseline, else HEAD); without one, names fall back to a hash."""
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("DVC_EXP_BASELINE_REV", raising=False)
+    params = tmp_path / "params.yaml"
+    assert lineage.baseline_params(params) is None  # not a git repository
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    commits = []
+    for lr in (0.001, 0.002):
+        params.write_text(f"train:\n  base_lr: {lr}\n  max_iter: 800\n")
+        subprocess.run(["git", "add", "params.yaml"], cwd=tmp_path, check=True)
+        subprocess.run(["git", "commit", "-qm", f"base_lr {lr}"], cwd=tmp_path, check=True)
+        commits.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
+                                      check=True).stdout.strip())
+    params.write_text("train:\n  base_lr: 0.005\n  max_iter: 800\n")  # edited, not committed
+    assert lineage.baseline_params(params) == {"train.base_lr": 0.002, "train.max_iter": 800}
+    now = {"train.base_lr": 0.005, "train.max_iter": 800}
+    assert lineage.run_name("evaluate", now, lineage.baseline_params(params)) == "train.base_lr=0.005"
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", commits[0])
+    assert lineage.baseline_params(params) == {"train.base_lr": 0.001, "train.max_iter": 800}

@@ -83,19 +83,27 @@ def run_name(stage: str, params: dict[str, Any], defaults: dict[str, Any] | None
     return label if stage == "evaluate" else f"{label} ({stage})"
 
 
-def default_params(root: str | Path = ".") -> dict[str, Any] | None:
-    """The params (dotted keys) that ``conf/`` under ``root`` composes to without overrides, for
-    :func:`run_name`; None if it cannot be composed (logged at INFO)."""
-    import yaml
+def baseline_params(params_file: str | Path = "params.yaml") -> dict[str, Any] | None:
+    """The params (dotted keys) that ``params_file`` held in the commit a run starts from, for
+    :func:`run_name`: the DVC experiment's baseline (``DVC_EXP_BASELINE_REV``), else ``HEAD``. A record
+    that exists already, so nothing is composed. None where git has none (logged at INFO)."""
+    from omegaconf import OmegaConf
 
-    from ..compose import compose_params
-    from ..config import to_flat_dict
+    from ..config import parse_yaml, to_flat_dict
+    from ..errors import ConfigError
 
-    try:
-        return to_flat_dict(yaml.safe_load(compose_params(root)))
-    except Exception as err:  # a name is not worth stopping a stage for
-        log.info("the default params are unknown (%s: %s): run names use a hash", type(err).__name__, err)
+    rev = os.environ.get("DVC_EXP_BASELINE_REV") or "HEAD"
+    path = Path(params_file).resolve()
+    text = git("show", f"{rev}:./{path.name}", cwd=path.parent)
+    if text is None:
+        log.info("%s has no committed version at %s: run names use a hash", params_file, rev)
         return None
+    try:
+        tree = OmegaConf.to_container(parse_yaml(text, f"{rev}:{params_file}"))
+    except ConfigError as err:
+        log.info("%s: run names use a hash", err)
+        return None
+    return to_flat_dict(tree) if isinstance(tree, dict) else None
 
 
 def training_note(run_id: str) -> str:

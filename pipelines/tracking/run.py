@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import Stopped, TrackingError
 from ..fileio import write_json
-from .lineage import (NOTE_TAG, TRAINING_RUN_TAG, default_params, evaluation_note, run_name, stage_tags,
+from .lineage import (NOTE_TAG, TRAINING_RUN_TAG, baseline_params, evaluation_note, run_name, stage_tags,
                       training_note)
 from .store import close_run, tracking_uri
 from .tracker import Tracker
@@ -129,7 +129,7 @@ def open_training_run(*, experiment: str, params: dict[str, Any], compute: dict[
     if resumed_from is not None:
         tags[CONTINUES_TAG] = resumed_from or "unknown (a checkpoint without a run id)"
     tracker = Tracker.start(experiment=experiment, params={**params, **compute}, tags=tags,
-                            run_name=run_name("train", params, default_params()))
+                            run_name=run_name("train", params, baseline_params(params_file)))
     if tracker.run_id:
         tracker.set_tag(NOTE_TAG, training_note(tracker.run_id))
         tracker.log_artifact(params_file)
@@ -147,7 +147,8 @@ def open_evaluation_run(*, experiment: str, params: dict[str, Any], compute: dic
     if training_run_id:
         tags[TRAINING_RUN_TAG] = training_run_id
     tracker = Tracker.start(experiment=experiment, params={**params, **compute}, tags=tags,
-                            run_name=run_name("evaluate", params, default_params(), first=("evaluate.",)))
+                            run_name=run_name("evaluate", params, baseline_params(params_file),
+                                             first=("evaluate.",)))
     if tracker.run_id:
         tracker.set_tag(NOTE_TAG, evaluation_note(training_run_id, tracker.experiment_id))
         tracker.log_artifact(params_file)
