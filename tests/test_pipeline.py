@@ -178,6 +178,28 @@ def test_repro_runs_four_stages_and_records_a_training_and_an_evaluation_run(rep
     assert training.info.run_name.endswith(" (train)") and "evaluate." not in training.info.run_name
 
 
+def test_what_a_run_writes_is_what_dvc_yaml_declares(repo):
+    """Every file the pipeline wrote is a declared output of a stage (or inside one), or one of the
+    deliberate exceptions: the resume state and the lock in ``outputs/train/checkpoints/`` (the train
+    stage's working folder), the MLflow store, and DVC's own files."""
+    declared = set()
+    for stage in yaml.safe_load((repo / "dvc.yaml").read_text())["stages"].values():
+        for kind in ("outs", "metrics", "plots"):
+            declared |= {next(iter(item)) if isinstance(item, dict) else item for item in stage.get(kind) or []}
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True)
+                  .stdout.splitlines())
+    deliberate = (".git/", ".dvc/", "dvc_plots/", "mlartifacts/", "outputs/train/checkpoints/")
+    undeclared = []
+    for path in sorted(p for p in repo.rglob("*") if p.is_file()):
+        name = path.relative_to(repo).as_posix()
+        if (name in tracked or name.startswith(deliberate) or "__pycache__" in name or path.name == ".gitignore"
+                or name == "dvc.lock" or name.startswith("mlflow.db")):
+            continue
+        if not any(name == out or name.startswith(out.rstrip("/") + "/") for out in declared):
+            undeclared.append(name)
+    assert undeclared == []
+
+
 def test_second_repro_does_nothing(repo):
     assert _repro(repo) == set()
     assert len(_runs(repo)[1]) == 2
