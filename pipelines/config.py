@@ -35,35 +35,11 @@ from .policy import decode_policy
 
 
 @dataclass
-class SyntheticDataset:
-    """The built-in shapes dataset, generated from a seed (see :mod:`pipelines.data.synthetic`)."""
+class DatasetFiles:
+    """What every dataset config has: its name, the four paths that the prepare stage's DVC deps name
+    (relative to the repository root, or absolute), and the pixel limit."""
 
     name: str = MISSING
-    # The prepare stage's DVC deps name these four keys for every dataset; here they stand for the
-    # data by naming what makes it, the generator itself (pipelines/data/synthetic.py).
-    train_images: str = MISSING
-    train_annotations: str = MISSING
-    val_images: str = MISSING
-    val_annotations: str = MISSING
-    seed: int = MISSING
-    train_size: int = MISSING
-    val_size: int = MISSING
-    num_classes: int = MISSING
-    min_side: int = MISSING
-    max_side: int = MISSING
-    min_objects: int = MISSING
-    max_objects: int = MISSING
-    # The pixel limit (see CocoDataset); a default, unlike the other fields, so that a dataset config
-    # written before it existed still loads.
-    max_image_pixels: int = 2**28
-
-
-@dataclass
-class CocoDataset:
-    """A user's COCO-format dataset on disk: an image folder and an annotation JSON per split."""
-
-    name: str = MISSING
-    # Relative to the repository root, or absolute; each is a DVC dependency of the prepare stage.
     train_images: str = MISSING
     train_annotations: str = MISSING
     val_images: str = MISSING
@@ -73,6 +49,26 @@ class CocoDataset:
     # aerial tiles. A default, unlike the other fields, so that a dataset config written before it existed
     # still loads (conf/dataset/*.yaml states it too).
     max_image_pixels: int = 2**28
+
+
+@dataclass
+class SyntheticDataset(DatasetFiles):
+    """The built-in shapes dataset, generated from a seed (see :mod:`pipelines.data.synthetic`); its four
+    paths stand for the data by naming what makes it, the generator itself (pipelines/data/synthetic.py)."""
+
+    seed: int = MISSING
+    train_size: int = MISSING
+    val_size: int = MISSING
+    num_classes: int = MISSING
+    min_side: int = MISSING
+    max_side: int = MISSING
+    min_objects: int = MISSING
+    max_objects: int = MISSING
+
+
+@dataclass
+class CocoDataset(DatasetFiles):
+    """A user's COCO-format dataset on disk: an image folder and an annotation JSON per split."""
 
 
 DATASETS: dict[str, type] = {"synthetic": SyntheticDataset, "coco": CocoDataset}
