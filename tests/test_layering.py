@@ -112,3 +112,12 @@ def test_editing_the_transforms_does_not_rerun_prepare(graph):
     assert "pipelines/data/transforms.py" not in set().union(*(import_closure(graph, m) for m in modules))
     _, train_deps = _stages()["train"]
     assert "pipelines/data" in train_deps
+
+
+def test_package_init_files_hold_only_a_docstring():
+    """The project's rule for ``__init__.py``: a docstring and nothing else, so that importing one module
+    never pulls in its package's other modules (torch, MLflow) and every import names the module it uses;
+    the layering contracts then see each edge where it is."""
+    inits = [REPO / name for name in subprocess.run(["git", "ls-files", "*__init__.py"], cwd=REPO, capture_output=True,
+                                                     text=True, check=True).stdout.split()]
+    assert inits and [str(p.relative_to(REPO)) for p in inits if not _is_docstring_only(p)] == []
