@@ -1,5 +1,7 @@
 """Lineage of a stage's MLflow run: its tags (stage, params hash, data and upstream outputs, git commit,
-DVC experiment), its readable name and its description in the UI."""
+DVC experiment), its readable name and its description in the UI; and the way back, from a run to the
+DVC experiment that made it and from an experiment to its runs (:func:`describe_run`,
+:func:`describe_experiment`, which ``python -m stages.lineage`` prints)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import re
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from ..errors import TrackingError
+from .store import find_runs, get_run
 
 log = logging.getLogger("pipelines.tracking")
 
@@ -188,3 +193,84 @@ def stage_tags(stage: str, *, params_file: str | Path, cache: str | Path | None 
 def run_url(experiment_id: str, run_id: str, base: str = UI_URL) -> str:
     """The run's page in the MLflow UI served at ``base``."""
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+# --- from a run to its experiment and back (``python -m stages.lineage``) ------------------------------------
+
+RUN_IDS_FILE = "metrics/run.json"  # written by the evaluate stage (dvc.yaml)
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def describe_run(run) -> str:
+    """What made ``run`` and how to restore it."""
+    tags, info = run.data.tags, run.info
+    lines = [f"MLflow run {info.run_id} ({tags.get(STAGE_TAG, 'run')} \"{info.run_name}\", {info.status})",
+             f"  {run_url(info.experiment_id, info.run_id)}"]
+    if training := tags.get(TRAINING_RUN_TAG):
+        lines.append(f"  model from training run {training}")
+    commit, exp, baseline = tags.get(COMMIT_TAG), tags.get(EXP_NAME_TAG), tags.get(BASELINE_TAG)
+    params_hash = tags.get(PARAMS_HASH_TAG)
+    experiment = (exp + (f" (baseline {baseline})" if baseline else "")) if exp else "none (dvc repro)"
+    lines += [f"  git commit:       {commit or 'unknown'}",
+              f"  DVC experiment:   {experiment}",
+              f"  params.yaml:      sha256 {params_hash or 'unknown'}"]
+    lines += [f"  {key}: {value}" for key, value in sorted(tags.items()) if key.startswith("data.cache.")]
+    lines.append("To restore its experiment:")
+    if exp:
+        lines.append(f"  dvc exp apply {exp}")
+        if commit:
+            lines.append(f"  (if it was removed: git checkout {commit}, then dvc exp run with the run's params)")
+    elif commit:
+        lines.append(f"  git checkout {commit} && dvc checkout   # the commit `dvc repro` ran on; the outputs are "
+                     "there if they were committed")
+    else:
+        lines.append("  unknown: the run has no git commit")
+    if params_hash:
+        lines.append(f"then `sha256sum params.yaml` prints {params_hash} for exactly the params of this run.")
+    return "\n".join(lines)
+
+
+def describe_experiment(name: str) -> str:
+    """The MLflow runs of a DVC experiment, git revision or the workspace, with their UI URLs."""
+    where, recorded = _run_ids_at(name)
+    ids = [v for v in (recorded.get("mlflow_run_id"), recorded.get("mlflow_training_run_id")) if v]
+    runs = [r for r in map(get_run, ids) if r is not None] if ids else []
+    if not runs and where.startswith("DVC experiment"):
+        runs = find_runs(f"tags.`{EXP_NAME_TAG}` = '{name}'")
+    if not runs:
+        raise TrackingError(f"{name}: {where} has no MLflow run in {RUN_IDS_FILE} or the store")
+    lines = [f"{where}:"]
+    for run in runs:
+        stage = run.data.tags.get(STAGE_TAG, "run")
+        lines.append(f"  {stage:<9} {run.info.run_id}  \"{run.info.run_name}\"  {run.info.status}")
+        lines.append(f"            {run_url(run.info.experiment_id, run.info.run_id)}")
+    lines.append(f"(URLs under {UI_URL}, where `mlflow ui --backend-store-uri sqlite:///mlflow.db` serves by default)")
+    return "\n".join(lines)
+
+
+def _run_ids_at(name: str) -> tuple[str, dict]:
+    """Where ``name`` points (in words) and the ``metrics/run.json`` recorded there (``{}`` if none)."""
+    if name == "workspace":
+        try:
+            return "the workspace", _as_dict(open(RUN_IDS_FILE).read())
+        except OSError:
+            return "the workspace", {}
+    refs = git("for-each-ref", "--format=%(refname)", "refs/exps") or ""
+    matches = [ref for ref in refs.split() if ref.rsplit("/", 1)[-1] == name]
+    if matches:
+        where, rev = f"DVC experiment {name}", matches[0]
+    elif (commit := git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")) is not None:
+        where, rev = f"git revision {name} ({commit[:12]})", commit
+    elif RUN_ID.fullmatch(name):
+        raise TrackingError(f"{name}: no such MLflow run in the store, DVC experiment or git revision")
+    else:
+        raise TrackingError(f"{name}: not an MLflow run id, DVC experiment or git revision of this repository")
+    return where, _as_dict(git("show", f"{rev}:{RUN_IDS_FILE}") or "")
+
+
+def _as_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
