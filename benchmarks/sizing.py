@@ -78,7 +78,10 @@ def run_candidate(overrides: str, root: Path, index: int, hold: str | None) -> d
     env.update(CLASSES[hold] if hold else {})
     out = folder / "out"
     train_s = _run([sys.executable, "-m", "pipelines.launch", "--params", str(params_file), "stages.train",
-                    "--cache", str(data / "cache"), "--out", str(out / "train"), "--train-log", str(out / "log.csv"),
+                    "--cache", str(data / "cache"), "--checkpoints", str(out / "train" / "checkpoints"),
+                    "--run-file", str(out / "train" / "checkpoints" / "run.json"),
+                    "--model", str(out / "train" / "model_final.pth"), "--run", str(out / "train" / "run.json"),
+                    "--train-log", str(out / "log.csv"),
                     "--preview", str(out / "preview.png")], env, folder / "train.log")
     evaluate_s = _run([sys.executable, "-m", "pipelines.launch", "--params", str(params_file), "--single-node",
                        "stages.evaluate", "--cache", str(data / "cache"), "--prepared", str(data / "prepared"),

@@ -12,7 +12,8 @@ gloo on CPU, NCCL on GPU. What it adds is the way failures read:
   a process killed by a signal, then the earliest, then the lowest rank), with exit code 2; a
   process killed by a signal is named with its rank, pid and signal. torchrun's ``ChildFailedError``
   block and the agent's log lines appear only with ``PIPELINES_DEBUG=1``;
-* with ``--run-file``, an MLflow run that the failed processes left RUNNING is closed (FAILED, or
+* ``--run-file`` is passed on to the module (with ``--params``), which keeps its MLflow run's id
+  there while the run is open; a run that the failed processes left RUNNING is closed (FAILED, or
   KILLED when a signal stopped it);
 * SIGTERM, SIGINT or SIGHUP reads the same whenever it comes: before the processes start, while they
   run (torchrun's agent forwards it and they stop at an iteration boundary) or while they finish,
@@ -165,7 +166,8 @@ def _ignore_stop_signals() -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the parameters file (also passed to the module)")
-    parser.add_argument("--run-file", help="MLflow run file to close if the processes die with the run RUNNING")
+    parser.add_argument("--run-file", help="the module's MLflow run file (passed on): closed if the processes die "
+                        "with the run RUNNING")
     parser.add_argument("--single-node", action="store_true",
                         help="run on this node only, whatever launch.nodes says (the evaluate stage)")
     parser.add_argument("module", help="the stage module, e.g. stages.train")
@@ -176,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     for signum in STOP_SIGNALS:  # until torchrun's agent installs its own (which raise SignalException)
         signal.signal(signum, _raise_signalled)
     p = load_params(args.params)
-    sys.exit(launch(args.module, ["--params", args.params, *args.args], nproc=p.train.nproc,
+    passed_on = ["--params", args.params, *(["--run-file", args.run_file] if args.run_file else [])]
+    sys.exit(launch(args.module, [*passed_on, *args.args], nproc=p.train.nproc,
                     nodes=1 if args.single_node else p.launch.nodes,
                     rdzv_endpoint=p.launch.rdzv_endpoint, rdzv_id=p.launch.rdzv_id,
                     max_restarts=p.launch.max_restarts, run_file=args.run_file))

@@ -2,7 +2,7 @@
 
 Its first line says how the model computes and why. A run that was killed or stopped resumes from the
 newest checkpoint with the same fingerprint (training params, resolved precision, data and code) to the
-weights an uninterrupted run gives, in the same MLflow run. ``<out>/checkpoints/`` is the working folder,
+weights an uninterrupted run gives, in the same MLflow run. ``--checkpoints`` is the working folder,
 locked by rank 0; the outputs replace the previous ones only when training has finished.
 """
 
@@ -29,9 +29,10 @@ RUN_ID_KEY = "mlflow_run_id"  # in every checkpoint: the MLflow run that wrote i
 
 def main(argv: list[str] | None = None) -> None:
     args = cli.parse_args(__doc__, argv, cache="annotation cache folder (train split inside)",
-                          out="folder for model_final.pth, checkpoints/, run.json",
-                          train_log="training log (CSV) for dvc plots",
-                          preview="PNG of samples before and after augmentation")
+                          checkpoints="working folder: checkpoints, the lock, this run's outputs until it ends",
+                          run_file="this stage's MLflow run while it is open (for the launcher)",
+                          model="the final model", run="the training run's MLflow id (JSON)",
+                          train_log="training log (CSV) for dvc plots", preview="PNG of samples before and after augmentation")
     stop = StopRequest().install()
     device = distributed.init_from_env()
     rank, world_size, main_process = distributed.get_rank(), distributed.get_world_size(), distributed.is_main_process()
@@ -47,13 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = build.optimizer(p, model)
     scheduler = build.scheduler(p, optimizer)
     fingerprint = build.fingerprint(p, compute, data=json.dumps(cache.meta["arrays"]))
-    work = args.out / "checkpoints"  # persistent: checkpoints, and this run's log, preview and run file until it ends
-    checkpointer = checkpoint.Checkpointer(work, keep=p.train.keep_checkpoints, fingerprint=fingerprint,
+    checkpointer = checkpoint.Checkpointer(args.checkpoints, keep=p.train.keep_checkpoints, fingerprint=fingerprint,
                                            extra={"categories": cache.categories})
-    final, run_file = args.out / "model_final.pth", work / "run.json"
     if main_process:
-        checkpointer.claim(model, final, others=[args.out / "run.json", args.train_log, args.preview])
-    previous = read_run_file(run_file) if main_process else {}
+        checkpointer.claim(model, args.model, others=[args.run, args.train_log, args.preview])
+    previous = read_run_file(args.run_file) if main_process else {}
     scaler = build.grad_scaler(compute, device)
     start_iter, extras = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     loader = build.train_loader(p, dataset, rank=rank, world_size=world_size, device=device, start_iter=start_iter)
@@ -67,9 +66,9 @@ def main(argv: list[str] | None = None) -> None:
         previous=previous, resumed_from=extras.get(RUN_ID_KEY, "") if start_iter else None, params_file=args.params,
         cache=args.cache) if main_process else (Tracker(), 0)
     checkpointer.extra[RUN_ID_KEY] = tracker.run_id or ""
-    preview, train_log = work / args.preview.name, work / args.train_log.name
-    with stage_run(tracker, run_file if main_process else None, experiment=p.tracking.experiment,
-                   fingerprint=fingerprint, output=args.out / "run.json"):
+    preview, train_log = args.checkpoints / args.preview.name, args.checkpoints / args.train_log.name
+    with stage_run(tracker, args.run_file if main_process else None, experiment=p.tracking.experiment,
+                   fingerprint=fingerprint, output=args.run):
         if main_process:
             if start_iter == 0 and (policy := build.policy(p)) is not None:
                 log.info("Scale-aware AutoAugment policy:\n%s", policy)
@@ -83,13 +82,13 @@ def main(argv: list[str] | None = None) -> None:
         train(model, loader, optimizer, scheduler, device=device, max_iter=p.train.max_iter, start_iter=start_iter,
               **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, report=report, stop=stop)
         if main_process:
-            checkpoint.save(final, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
+            checkpoint.save(args.model, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
                             iteration=p.train.max_iter, **compute.stored())
             checkpointer.promote({train_log: args.train_log, preview: args.preview})
-            tracker.log_artifact(final, "model")
+            tracker.log_artifact(args.model, "model")
             tracker.log_artifact(args.train_log)
             if p.tracking.log_checkpoints:
-                for _, path in checkpoint.checkpoints(work):
+                for _, path in checkpoint.checkpoints(args.checkpoints):
                     tracker.log_artifact(path, "checkpoints")
     checkpointer.finish()  # the final model is the output: running the stage again starts from 0
     distributed.shutdown()

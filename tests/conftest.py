@@ -27,6 +27,26 @@ def set_dotted(tree: dict, dotted: str, value) -> None:
         node[leaf] = value
 
 
+def dvc_stages(repo: Path) -> dict[str, dict]:
+    """``dvc.yaml``'s stages as DVC resolves them (``vars``, params): per stage its ``cmd``, its file ``deps``
+    and its ``outs`` (metrics and plots included), paths as written."""
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as dvc:
+        return {stage.name: {"cmd": stage.cmd,
+                             "deps": [d.def_path for d in stage.deps if not isinstance(d, ParamsDependency)],
+                             "outs": [o.def_path for o in stage.outs]} for stage in dvc.index.stages}
+
+
+def train_outputs(folder: str | Path) -> list[str]:
+    """The train stage's output options for a folder laid out as dvc.yaml lays out ``outputs/train``
+    (the training log and preview are passed on their own)."""
+    folder = Path(folder)
+    return ["--checkpoints", str(folder / "checkpoints"), "--run-file", str(folder / "checkpoints" / "run.json"),
+            "--model", str(folder / "model_final.pth"), "--run", str(folder / "run.json")]
+
+
 def require(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"shared data not found at {path}")

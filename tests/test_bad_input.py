@@ -40,7 +40,7 @@ from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.errors import CacheError, ImageError
 
-from .conftest import REPO, set_dotted
+from .conftest import REPO, set_dotted, train_outputs
 
 SIZES = {"a.jpg": (32, 24), "b.jpg": (24, 32), "c.jpg": (32, 24)}  # file name: (width, height)
 DATASET_KEYS = "name, train_images, train_annotations, val_images, val_annotations, max_image_pixels"
@@ -445,7 +445,7 @@ def _train(d: Data, cache: Path, mlflow_uri: str) -> None:
     env.update(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=mlflow_uri, OMP_NUM_THREADS="1")
     out = d.root / "train"
     done = subprocess.run([sys.executable, "-m", "stages.train", "--params", str(d.params_file),
-                           "--cache", str(cache), "--out", str(out), "--train-log", str(d.root / "log.csv"),
+                           "--cache", str(cache), *train_outputs(out), "--train-log", str(d.root / "log.csv"),
                            "--preview", str(d.root / "preview.png")],
                           cwd=d.root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import grimp
 import pytest
-import yaml
 
-from .conftest import REPO
+from .conftest import REPO, dvc_stages
 
 
 
@@ -66,23 +65,12 @@ def import_closure(graph, module: str) -> set[str]:
     return {str(f.relative_to(REPO)) for f in files if not (f.name == "__init__.py" and _is_docstring_only(f))}
 
 
-def _resolve(text: str, params: dict) -> str:
-    def lookup(match):
-        value = params
-        for key in match.group(1).split("."):
-            value = value[key]
-        return str(value)
-
-    return re.sub(r"\$\{([\w.]+)\}", lookup, text)
-
-
 def _stages() -> dict[str, tuple[set[str], list[str]]]:
-    """Per stage of ``dvc.yaml``: the modules its command runs and its deps, with params substituted."""
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    """Per stage of ``dvc.yaml``: the modules its command runs and its deps, as DVC resolves them."""
     stages = {}
-    for name, stage in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].items():
+    for name, stage in dvc_stages(REPO).items():
         modules = set(re.findall(r"-m (pipelines\.\w+)", stage["cmd"])) | set(re.findall(r"\b(stages\.\w+)", stage["cmd"]))
-        stages[name] = modules, [_resolve(dep, params).rstrip("/") for dep in stage["deps"]]
+        stages[name] = modules, [dep.rstrip("/") for dep in stage["deps"]]
     return stages
 
 
@@ -121,3 +109,15 @@ def test_package_init_files_hold_only_a_docstring():
     inits = [REPO / name for name in subprocess.run(["git", "ls-files", "*__init__.py"], cwd=REPO, capture_output=True,
                                                      text=True, check=True).stdout.split()]
     assert inits and [str(p.relative_to(REPO)) for p in inits if not _is_docstring_only(p)] == []
+
+
+def test_dvc_yaml_writes_each_path_once_under_vars():
+    """Stages and plots name data and outputs only through ``${paths.*}``: a path is written once."""
+    text = (REPO / "dvc.yaml").read_text()
+    head, body = text.split("\nstages:\n", 1)
+    assert "vars:" in head
+    literal = [line for line in body.splitlines() if re.search(r"(?<![\w/$])(data|outputs|metrics)/", line.split("#")[0])]
+    assert literal == []
+    names = re.findall(r"\$\{paths\.(\w+)\}", body)
+    declared = re.findall(r"^      (\w+): ", head, flags=re.MULTILINE)
+    assert sorted(set(names)) == sorted(declared)  # every declared path is used, every used one declared

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO
+from .conftest import REPO, dvc_stages
 
 pytestmark = pytest.mark.slow
 
@@ -182,10 +182,8 @@ def test_what_a_run_writes_is_what_dvc_yaml_declares(repo):
     """Every file the pipeline wrote is a declared output of a stage (or inside one), or one of the
     deliberate exceptions: the resume state and the lock in ``outputs/train/checkpoints/`` (the train
     stage's working folder), the MLflow store, and DVC's own files."""
-    declared = set()
-    for stage in yaml.safe_load((repo / "dvc.yaml").read_text())["stages"].values():
-        for kind in ("outs", "metrics", "plots"):
-            declared |= {next(iter(item)) if isinstance(item, dict) else item for item in stage.get(kind) or []}
+    declared = {out for stage in dvc_stages(repo).values() for out in stage["outs"]}
+    assert "outputs/eval/run.json" in declared and "metrics/train_log.csv" in declared  # ${paths.*} resolved
     tracked = set(subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True)
                   .stdout.splitlines())
     deliberate = (".git/", ".dvc/", "dvc_plots/", "mlartifacts/", "outputs/train/checkpoints/")
@@ -586,8 +584,10 @@ def test_two_nodes_of_one_process_train_the_weights_of_one_node_of_two(repo, tmp
         section, name = key.split(".")
         params[section][name] = yaml.safe_load(value)
     params["launch"]["rdzv_endpoint"] = f"127.0.0.1:{_free_port()}"
-    args = [str(tmp_path / "two") if arg == "outputs/train" else arg.replace("outputs/train/", f"{tmp_path}/two/")
-            .replace("metrics/", f"{tmp_path}/two/") for arg in launchers[0][1]]
+    # the train stage's command as dvc.yaml has it, but for launch.nodes
+    assert launchers[0][1] == shlex.split(dvc_stages(repo)["train"]["cmd"])[3:]
+    args = [arg.replace("outputs/train/", f"{tmp_path}/two/").replace("metrics/", f"{tmp_path}/two/")
+            for arg in launchers[0][1]]
     _finish(*[_launch(repo, params, args, cores={cores[core]}, store=tmp_path / "mlflow.db") for core, _ in launchers])
 
     one, two = (torch.load(path, weights_only=True)["model"]

@@ -13,7 +13,7 @@ import yaml
 
 from pipelines.data.annotation_cache import AnnotationCache
 
-from .conftest import REPO
+from .conftest import REPO, train_outputs
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_bad_params_stop_the_train_stage_in_one_line(base_params, tmp_path):
     params = copy.deepcopy(base_params)
     params["train"]["base_lr"] = -1.0
     path = _write_params(tmp_path / "params.yaml", params)
-    done = _run("stages.train", "--params", path, "--cache", "x", "--out", "y", "--train-log", "z", "--preview", "p",
+    done = _run("stages.train", "--params", path, "--cache", "x", *train_outputs("y"), "--train-log", "z", "--preview", "p",
                 cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
@@ -113,7 +113,7 @@ def test_cache_stage_rebuilds_a_corrupt_cache(base_params, tmp_path):
     train_labels[-1] ^= 0xFF
     (cache / "train" / "labels.npy").write_bytes(bytes(train_labels))
     (tmp_path / "r.json").write_text('{"run_id": null}')  # a train stage that ran without tracking
-    for stage, args in (("stages.train", ["--out", "t", "--train-log", "t.csv", "--preview", "t.png"]),
+    for stage, args in (("stages.train", [*train_outputs("t"), "--train-log", "t.csv", "--preview", "t.png"]),
                         ("stages.evaluate", ["--prepared", "prepared", "--model", "m.pth", "--train-run", "r.json",
                                              "--run-file", "e.json", "--metrics", "e1.json", "--per-category",
                                              "e2.json", "--run-ids", "e3.json", "--plots", "e4.json",
@@ -147,7 +147,7 @@ def test_a_full_output_folder_stops_training_before_it_starts(base_params, tmp_p
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(full)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        done = _run("stages.train", "--params", path, "--cache", "cache", "--out", str(full / "train"),
+        done = _run("stages.train", "--params", path, "--cache", "cache", *train_outputs(full / "train"),
                     "--train-log", "log.csv", "--preview", "p.png", cwd=tmp_path)
     finally:
         subprocess.run(["umount", str(full)], check=True)
@@ -168,7 +168,7 @@ def test_a_second_trainer_on_the_same_outputs_is_refused_in_one_line(base_params
     assert _run("stages.prepare", "--params", path, "--out", "prepared", "--metrics", "m.json", cwd=tmp_path).returncode == 0
     assert _run("stages.cache", "--prepared", "prepared", "--out", "cache", cwd=tmp_path).returncode == 0
     with FolderLock(tmp_path / "train" / "checkpoints", job="another"):
-        done = _run("stages.train", "--params", path, "--cache", "cache", "--out", "train", "--train-log", "log.csv",
+        done = _run("stages.train", "--params", path, "--cache", "cache", *train_outputs("train"), "--train-log", "log.csv",
                     "--preview", "p.png", cwd=tmp_path)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
