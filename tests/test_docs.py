@@ -49,3 +49,26 @@ def test_no_text_points_outside_the_repository():
     outside = [f"{doc.relative_to(REPO)}: {line.strip()[:80]}" for doc in DOCS for line in doc.read_text().splitlines()
                if "../shared/docs" in line]
     assert not outside, "\n".join(outside)
+
+
+def test_benchmark_tables_are_written_from_their_records(tmp_path):
+    """docs/benchmarks.md's tables are each benchmark's own ``table()`` of a record in benchmarks/records/;
+    a figure changed in a record (or in the page) makes them disagree."""
+    import json
+    import shutil
+
+    from benchmarks.record import BLOCK, RECORDS, render
+
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    names = BLOCK.findall(text)
+    assert len(names) >= 5 and sorted(names) == sorted(p.stem for p in RECORDS.glob("*.json"))
+    assert render(text) == text  # python -m benchmarks.record docs --check
+    for name in names:
+        record = json.loads((RECORDS / f"{name}.json").read_text())
+        assert record["machine"]["class"] and record["machine"]["cpu"] and "load_before" in record["machine"]
+    changed = tmp_path / "records"
+    shutil.copytree(RECORDS, changed)
+    record = json.loads((changed / f"{names[0]}.json").read_text())
+    record["machine"]["load_before"] += 1.0
+    (changed / f"{names[0]}.json").write_text(json.dumps(record))
+    assert render(text, changed) != text
