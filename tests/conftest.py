@@ -34,7 +34,7 @@ def dvc_stages(repo: Path) -> dict[str, dict]:
     from dvc.repo import Repo
 
     with Repo(str(repo)) as dvc:
-        return {stage.name: {"cmd": stage.cmd,
+        return {stage.addressing: {"cmd": stage.cmd,
                              "deps": [d.def_path for d in stage.deps if not isinstance(d, ParamsDependency)],
                              "outs": [o.def_path for o in stage.outs]} for stage in dvc.index.stages}
 

@@ -84,13 +84,13 @@ class Search:
 
     def kept(self) -> list[Genome]:
         """The ``kept`` best genomes scored in the finished rounds (lowest score first; ties by key)."""
-        return [tuple(r["genome"]) for r in self._ranked()[:self.settings.kept]]
+        return [tuple(r["genome"]) for r in self.ranked()[:self.settings.kept]]
 
     def best(self) -> dict | None:
-        ranked = self._ranked()
+        ranked = self.ranked()
         return ranked[0] if ranked else None
 
-    def _ranked(self) -> list[dict]:
+    def ranked(self) -> list[dict]:
         keys = {k for entry in self.history for k in entry["candidates"]}
         results = [json.loads((self.candidates / f"{k}.json").read_text()) for k in keys]
         return sorted(results, key=lambda r: (r["score"], r["key"]))
