@@ -11,10 +11,10 @@ best candidates' scale bins for ``dvc plots``. In MLflow: one parent run, one ch
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 
-from pipelines import build, cli
+from pipelines import build, cli, lifetime
 from pipelines.config import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
                           policy="the best policy (JSON)", metrics="the best candidate's figures (JSON)",
                           curve="best and median score per round (JSON) for dvc plots",
                           bins="the best candidates' loss shares per scale (JSON) for dvc plots")
+    if os.environ.get("DVC_STAGE"):  # started by DVC: it dies with dvc (and its candidate processes with it)
+        lifetime.die_with(lifetime.owner_beyond_shells())
     p = load_params(args.params)
     s, a = p.search, p.augment
     settings = Settings(rounds=s.rounds, population=s.population, kept=s.kept, mutations=s.mutations,
@@ -74,7 +76,6 @@ def main(argv: list[str] | None = None) -> None:
         tracker.log_artifact(preview, "preview")
     log.info("best policy (score %.4f, AP %.3f on the held-out images):\n%s", best["score"], best["AP"],
              decode_policy(best["genome"], a.n_subpolicies))
-    log.info("%s", json.dumps({"key": best["key"]}))
 
 
 if __name__ == "__main__":

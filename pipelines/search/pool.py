@@ -4,6 +4,7 @@ not once per candidate. The processes die with the search's process however it e
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 from collections.abc import Iterator
@@ -19,10 +20,16 @@ from .score import pareto_scale_balance
 _proxy: Proxy | None = None
 
 
-def _start(proxy: Proxy, threads: int, owner: int) -> None:
+def _start(proxy: Proxy, threads: int, owner: int, slots) -> None:
+    """In each candidate process: die with the search, take ``threads`` threads and, where there are
+    GPUs, a GPU of its own (slot k takes GPU k modulo their number)."""
     global _proxy
     lifetime.die_with(owner)
     torch.set_num_threads(threads)
+    with slots.get_lock():
+        slot, slots.value = slots.value, slots.value + 1
+    if torch.cuda.is_available():
+        proxy = dataclasses.replace(proxy, device=torch.device("cuda", slot % torch.cuda.device_count()))
     _proxy = proxy
 
 
@@ -36,9 +43,9 @@ class CandidatePool:
     def __init__(self, proxy: Proxy, baseline: dict[str, float]):
         s = proxy.params.search
         self.proxy, self.baseline = proxy, baseline
-        self.executor = ProcessPoolExecutor(max_workers=s.candidates_at_once,
-                                            mp_context=multiprocessing.get_context("spawn"), initializer=_start,
-                                            initargs=(proxy, s.threads, os.getpid()))
+        context = multiprocessing.get_context("spawn")
+        self.executor = ProcessPoolExecutor(max_workers=s.candidates_at_once, mp_context=context, initializer=_start,
+                                            initargs=(proxy, s.threads, os.getpid(), context.Value("i", 0)))
 
     def __enter__(self) -> CandidatePool:
         return self
