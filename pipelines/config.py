@@ -705,8 +705,8 @@ def _check_augment(a: Augment, require, source: str) -> None:
     if a.name != "sa_autoaug":
         return
     from_file = a.policy is None and a.policy_file.endswith(".json")  # read by the train stage
-    for key in ("n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb", "filler_pool",
-                "filler_pool_iters", *(() if from_file else ("policy",))):
+    for key in (*(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
+                "filler_pool", "filler_pool_iters"):
         if getattr(a, key) is None:
             raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name=sa_autoaug)"
                               f"{_group_hint('augment', a.name)}")
