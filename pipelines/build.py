@@ -130,9 +130,14 @@ def test_time_augmentation(p: Params) -> TestTimeAugmentation | None:
     return TestTimeAugmentation(tuple(e.tta_scales), e.tta_max_size, e.tta_flip) if e.tta else None
 
 
+def last_iteration(p: Params) -> int:
+    """The iteration training ends at: ``train.stop_at`` of ``train.max_iter`` (the schedule's length)."""
+    return max(1, round(p.train.stop_at * p.train.max_iter))
+
+
 def train_loader(p: Params, dataset, *, rank: int, world_size: int, device: torch.device, start_iter: int = 0):
-    """This rank's loader of ``train.max_iter - start_iter`` batches of ``train.ims_per_batch / world_size``."""
-    return make_train_loader(dataset, batch_size=p.train.ims_per_batch // world_size, max_iter=p.train.max_iter,
+    """This rank's loader of :func:`last_iteration` - ``start_iter`` batches of ``train.ims_per_batch / world_size``."""
+    return make_train_loader(dataset, batch_size=p.train.ims_per_batch // world_size, max_iter=last_iteration(p),
                              start_iter=start_iter, aspect_grouping=p.loader.aspect_grouping,
                              num_workers=p.loader.num_workers, size_divisibility=p.loader.size_divisibility,
                              seed=p.seed, rank=rank, world_size=world_size, pin_memory=device.type == "cuda")
@@ -173,7 +178,7 @@ def reporter(p: Params, *, start_iter: int, device: torch.device, log_file: Path
              tracker: Tracker | None = None, tracked_until: int = 0) -> Reporter:
     """What the loop reports, as ``train.log_period`` says: to the CSV ``log_file`` (continued from
     ``start_iter``), to ``tracker`` and to the progress bar (:class:`pipelines.engine.Reporter`)."""
-    return Reporter(max_iter=p.train.max_iter, start_iter=start_iter, ims_per_batch=p.train.ims_per_batch,
+    return Reporter(max_iter=last_iteration(p), start_iter=start_iter, ims_per_batch=p.train.ims_per_batch,
                     log_period=p.train.log_period, metric_log=MetricLog(log_file, start_iter=start_iter),
                     tracker=tracker, tracked_until=tracked_until, device=device)
 

@@ -19,12 +19,17 @@ DEBUG_ENV = "PIPELINES_DEBUG"
 LAUNCHED_ENV = "PIPELINES_LAUNCHED"  # the launcher's pid, set by pipelines.launch for the processes it starts
 
 
-def parse_args(description: str, argv: list[str] | None, *, params: bool = True, **paths: str) -> argparse.Namespace:
-    """A stage's command line: ``--params`` (default ``params.yaml``) and one required path option per
-    keyword, ``--some-name`` for ``some_name``, whose value is its help text."""
+def parse_args(description: str, argv: list[str] | None, *, params: bool = True, overrides: bool = False,
+               **paths: str) -> argparse.Namespace:
+    """A stage's command line: ``--params`` (default ``params.yaml``), with ``overrides`` also ``--set
+    KEY=VALUE`` (repeatable, applied over the file), and one required path option per keyword,
+    ``--some-name`` for ``some_name``, whose value is its help text."""
     parser = argparse.ArgumentParser(description=description)
     if params:
         parser.add_argument("--params", default="params.yaml", help="the parameters file")
+    if overrides:
+        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help="a param set over the file's (e.g. augment.name=flip); repeatable")
     for name, text in paths.items():
         parser.add_argument("--" + name.replace("_", "-"), type=Path, required=True, help=text)
     return parser.parse_args(argv)

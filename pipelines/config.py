@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import json
 import math
 import re
 import sys
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -114,6 +115,9 @@ class Augment:
     filler_cache_mb: Optional[float] = None  # zoom_out filler images kept per loader process
     filler_pool: Optional[int] = None  # zoom_out draws fillers among this many images of the split (0: all)
     filler_pool_iters: Optional[int] = None  # iterations between changes of the filler pool
+    # Where the policy comes from: pipelines/policy.py (the module of the published policy: the genes are
+    # those above), or a policy search's JSON result, whose genes replace ``policy`` when params are read
+    policy_file: str = MISSING
 
 
 @dataclass
@@ -128,6 +132,7 @@ class Train:
     nproc: int = MISSING
     ims_per_batch: int = MISSING  # global batch, split evenly across processes
     max_iter: int = MISSING
+    stop_at: float = MISSING  # training ends after this fraction of max_iter, on max_iter's schedule (1: all of it)
     optimizer: str = MISSING  # sgd | adamw
     base_lr: float = MISSING
     momentum: float = MISSING
@@ -161,6 +166,27 @@ class Tracking:
 
 
 @dataclass
+class Search:
+    """Scale-aware AutoAugment's policy search (search/dvc.yaml; the default pipeline never runs it)."""
+
+    population: int = MISSING  # genomes scored in round 0
+    rounds: int = MISSING
+    kept: int = MISSING  # best genomes ever scored, parents of the next round
+    mutations: int = MISSING  # per round after the first: mutants of the kept genomes...
+    crossovers: int = MISSING  # ...uniform crossovers of two of them...
+    random: int = MISSING  # ...and new random genomes
+    mutation_prob: float = MISSING  # each gene of a mutant redrawn with this probability
+    include_published: bool = MISSING  # round 0 scores the published policy first
+    fine_tune_iters: int = MISSING  # the proxy: iterations of fine-tuning per candidate...
+    fine_tune_lr: float = MISSING  # ...at this constant learning rate, batch train.ims_per_batch
+    heldout_fraction: float = MISSING  # of the train images, held out of the baseline and fine-tunes to score on
+    baseline_fraction: float = MISSING  # the proxy starts from the baseline at this fraction of train.max_iter
+    candidates_at_once: int = MISSING  # fine-tunes running side by side, one process each
+    threads: int = MISSING  # per candidate process
+    seed: int = MISSING  # the held-out split, the rounds' genomes and each fine-tune's randomness
+
+
+@dataclass
 class Launch:
     """Where the processes run, read by ``pipelines.launch`` only: no stage depends on it and it is not in
     the resume fingerprint, so changing it re-runs nothing. ``nodes: 1`` is torchrun's ``--standalone``."""
@@ -181,6 +207,7 @@ class Params:
     evaluate: Evaluate = field(default_factory=Evaluate)
     tracking: Tracking = field(default_factory=Tracking)
     launch: Launch = field(default_factory=Launch)
+    search: Search = field(default_factory=Search)
     dataset: Any = None  # SyntheticDataset | CocoDataset, chosen by dataset.name
 
 
@@ -205,6 +232,7 @@ CHOICES = {
     "evaluate.backend": EVAL_BACKENDS,
 }
 
+_ABSENT = object()
 _Registry = TypeVar("_Registry", bound=Mapping)
 
 
@@ -260,12 +288,14 @@ def weights_enum(backbone: str) -> str:
     return f"ResNet{backbone.removeprefix('resnet')}_Weights"
 
 
-def load_params(path: str | Path = "params.yaml", *, world_size: int | None = None) -> Params:
+def load_params(path: str | Path = "params.yaml", *, world_size: int | None = None,
+                overrides: Sequence[str] = ()) -> Params:
     """Read and validate ``params.yaml``.
 
     Args:
         path: the parameters file.
         world_size: the number of processes actually running, when known; batch sizes must divide.
+        overrides: ``KEY=VALUE`` settings applied over the file (dotted keys it has, YAML values).
 
     Returns:
         The typed :class:`Params`.
@@ -278,15 +308,21 @@ def load_params(path: str | Path = "params.yaml", *, world_size: int | None = No
         raise ConfigError(f"{path}: not a regular file; expected the parameters (YAML)")
     if not path.is_file():
         raise ConfigError(f"{path}: file not found (run from the repository root, or compose conf/)")
-    return params_from_text(read_yaml_text(path), source=str(path), world_size=world_size)
+    return params_from_text(read_yaml_text(path), source=str(path), world_size=world_size, overrides=overrides)
 
 
-def params_from_text(text: str, *, source: str, world_size: int | None = None) -> Params:
+def params_from_text(text: str, *, source: str, world_size: int | None = None,
+                     overrides: Sequence[str] = ()) -> Params:
     """Validate the YAML ``text`` of a params file (as :func:`load_params` does); ``source`` names it in
     messages."""
     raw = parse_yaml(text, source)
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"{source}: expected a mapping of sections at the top level")
+    for override in overrides:
+        dotted, sep, value = override.partition("=")
+        if not sep or OmegaConf.select(raw, dotted, default=_ABSENT) is _ABSENT:
+            raise ConfigError(f"{source}: override {override!r}: expected KEY=VALUE for a key the file has")
+        OmegaConf.update(raw, dotted, yaml.safe_load(value) if value else None, merge=False)
     return params_from_dict(OmegaConf.to_container(raw), source=source, world_size=world_size)
 
 
@@ -384,6 +420,33 @@ def params_from_dict(raw: dict, *, source: str = "params", world_size: int | Non
     return params
 
 
+def read_policy_file(p: Params, source: str = "params.yaml") -> Params:
+    """``p`` with the genes of a search's result (``augment.policy_file`` ending in ``.json``) as
+    ``augment.policy``, where ``augment.name`` is sa_autoaug; the train stage reads it so (the search's
+    own stages never do: they run before it exists)."""
+    a = p.augment
+    if a.name != "sa_autoaug" or not a.policy_file.endswith(".json"):
+        return p
+    path = Path(a.policy_file)
+    try:
+        found = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{source}: augment.policy_file: {path}: not readable JSON ({first_line(err)})") from None
+    if found is None:
+        raise ConfigError(f"{source}: augment.policy_file: {path}: not found; run the search "
+                          "(dvc repro search/dvc.yaml) or choose another augment preset")
+    if not isinstance(found, dict) or not isinstance(found.get("policy"), list):
+        raise ConfigError(f"{source}: augment.policy_file: {path}: expected a JSON object with a 'policy' gene list")
+    if found.get("n_subpolicies", a.n_subpolicies) != a.n_subpolicies:
+        raise ConfigError(f"{source}: augment.policy_file: {path}: searched with {found['n_subpolicies']} "
+                          f"sub-policies, augment.n_subpolicies is {a.n_subpolicies}")
+    try:
+        decode_policy(found["policy"], a.n_subpolicies)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: augment.policy_file: {path}: {err}") from None
+    return dataclasses.replace(p, augment=dataclasses.replace(a, policy=list(found["policy"])))
+
+
 def to_flat_dict(params: Params | dict[str, Any]) -> dict[str, Any]:
     """Params, or their YAML tree, as dotted keys (``{"train": {"base_lr": 1}}`` -> ``{"train.base_lr": 1}``),
     as recorded in MLflow."""
@@ -475,6 +538,7 @@ def _check_values(p: Params, source: str, world_size: int | None) -> None:
     _check_train(p, require)
     _check_evaluate(p, require)
     _check_launch(p, require, source, world_size)
+    _check_search(p.search, require)
 
 
 # --- names that select code ----------------------------------------------------------------------------------
@@ -640,8 +704,9 @@ def _check_augment(a: Augment, require, source: str) -> None:
     require(0 <= a.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", a.hflip_prob)
     if a.name != "sa_autoaug":
         return
-    for key in ("policy", "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb", "filler_pool",
-                "filler_pool_iters"):
+    from_file = a.policy is None and a.policy_file.endswith(".json")  # read by the train stage
+    for key in (*(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
+                "filler_pool", "filler_pool_iters"):
         if getattr(a, key) is None:
             raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name=sa_autoaug)"
                               f"{_group_hint('augment', a.name)}")
@@ -651,6 +716,8 @@ def _check_augment(a: Augment, require, source: str) -> None:
     require(a.filler_cache_mb >= 0, "augment.filler_cache_mb", "a size in MB >= 0", a.filler_cache_mb)
     require(a.filler_pool >= 0, "augment.filler_pool", "a number of images >= 0 (0: the whole split)", a.filler_pool)
     require(a.filler_pool_iters >= 1, "augment.filler_pool_iters", "a number of iterations >= 1", a.filler_pool_iters)
+    if from_file:
+        return
     try:
         decode_policy(a.policy, a.n_subpolicies)  # the one check of the genes; errors name their position
     except ConfigError as err:
@@ -661,6 +728,7 @@ def _check_train(p: Params, require) -> None:
     t = p.train
     require(t.nproc >= 1, "train.nproc", "at least 1 process", t.nproc)
     require(t.max_iter >= 1, "train.max_iter", "at least 1 iteration", t.max_iter)
+    require(0 < t.stop_at <= 1, "train.stop_at", "a fraction of train.max_iter in (0, 1]", t.stop_at)
     require(t.base_lr > 0, "train.base_lr", "a learning rate > 0", t.base_lr)
     require(0 <= t.momentum < 1, "train.momentum", "a value in [0, 1)", t.momentum)
     require(t.weight_decay >= 0, "train.weight_decay", "a value >= 0", t.weight_decay)
@@ -706,6 +774,19 @@ def _check_launch(p: Params, require, source: str, world_size: int | None) -> No
                     f"{source}: {key}: expected a multiple of the number of processes "
                     f"({what} = {n}), got {batch}"
                 )
+
+
+def _check_search(s: Search, require) -> None:
+    for key in ("population", "rounds", "kept", "fine_tune_iters", "candidates_at_once", "threads"):
+        require(getattr(s, key) >= 1, f"search.{key}", "at least 1", getattr(s, key))
+    for key in ("mutations", "crossovers", "random", "seed"):
+        require(getattr(s, key) >= 0, f"search.{key}", "an integer >= 0", getattr(s, key))
+    require(s.rounds == 1 or s.mutations + s.crossovers + s.random >= 1, "search.mutations",
+            "at least one genome per round after the first (mutations + crossovers + random)", s.mutations)
+    require(0 <= s.mutation_prob <= 1, "search.mutation_prob", "a probability in [0, 1]", s.mutation_prob)
+    require(s.fine_tune_lr > 0, "search.fine_tune_lr", "a learning rate > 0", s.fine_tune_lr)
+    require(0 < s.heldout_fraction < 1, "search.heldout_fraction", "a fraction in (0, 1)", s.heldout_fraction)
+    require(0 < s.baseline_fraction <= 1, "search.baseline_fraction", "a fraction in (0, 1]", s.baseline_fraction)
 
 
 def main(argv: list[str] | None = None) -> None:

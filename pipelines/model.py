@@ -17,7 +17,7 @@ import torch
 import torchvision
 from torch import Tensor, nn
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
-from torchvision.models.detection.fcos import FCOS, FCOSHead
+from torchvision.models.detection.fcos import FCOS
 from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import FrozenBatchNorm2d
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
@@ -25,6 +25,7 @@ from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 from .config import registry, weights_name
 from .data.transforms import IMAGE_MEAN, IMAGE_STD
 from .errors import ConfigError
+from .scale_loss import ScaleLossHead
 
 # model.norm and model.backbone: the names config validation accepts are these keys (config.registry).
 NORM_LAYERS = registry("model.norm", {
@@ -158,14 +159,15 @@ def _weights_file(path: Path, backbone: str) -> dict[str, Tensor]:
 class Detector(FCOS):
     """FCOS whose ``forward(images, image_sizes, targets)`` takes a padded ``uint8`` batch.
 
-    Training returns the loss dict (``classification``, ``bbox_regression``, ``bbox_ctrness``);
+    Training returns the loss dict (``classification``, ``bbox_regression``, ``bbox_ctrness``; the head
+    also sums it by object scale after ``head.measure_scales()``, :mod:`pipelines.scale_loss`);
     evaluation returns one dict per image with ``boxes`` (xyxy in the resized image), ``scores`` and
     ``labels`` (contiguous).
     """
 
     def __init__(self, backbone: nn.Module, num_classes: int, *, head_convs: int, precision: str = "fp32",
                  channels_last: bool = False, **fcos_kwargs):
-        head = FCOSHead(backbone.out_channels, 1, num_classes, num_convs=head_convs)
+        head = ScaleLossHead(backbone.out_channels, 1, num_classes, num_convs=head_convs)
         super().__init__(backbone, num_classes, head=head, **fcos_kwargs)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.channels_last = channels_last

@@ -14,7 +14,7 @@ import logging
 import torch
 
 from pipelines import build, checkpoint, cli, distributed
-from pipelines.config import load_params, to_flat_dict
+from pipelines.config import load_params, read_policy_file, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data.preview import augmentation_preview
@@ -28,7 +28,7 @@ RUN_ID_KEY = "mlflow_run_id"  # in every checkpoint: the MLflow run that wrote i
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, cache="annotation cache folder (train split inside)",
+    args = cli.parse_args(__doc__, argv, overrides=True, cache="annotation cache folder (train split inside)",
                           checkpoints="working folder: checkpoints, the lock, this run's outputs until it ends",
                           run_file="this stage's MLflow run while it is open (for the launcher)",
                           model="the final model", run="the training run's MLflow id (JSON)",
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = StopRequest().install()
     device = distributed.init_from_env()
     rank, world_size, main_process = distributed.get_rank(), distributed.get_world_size(), distributed.is_main_process()
-    p = load_params(args.params, world_size=world_size)
+    p = read_policy_file(load_params(args.params, world_size=world_size, overrides=args.set), args.params)
     compute = build.compute(p, device)
     if main_process:
         compute.announce(log)
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     model = build.data_parallel(p, model, device=device, world_size=world_size)
     log.info("%d images, %d classes, %.1fM parameters, %d processes on %s, batch %d, iterations %d to %d",
              len(dataset), len(cache.categories), sum(x.numel() for x in model.parameters()) / 1e6,
-             world_size, device.type, p.train.ims_per_batch, start_iter, p.train.max_iter)
+             world_size, device.type, p.train.ims_per_batch, start_iter, build.last_iteration(p))
 
     tracker, tracked_until = open_training_run(
         experiment=p.tracking.experiment, params=to_flat_dict(p), compute=compute.as_params(), fingerprint=fingerprint,
@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> None:
                 tracker.log_artifact(preview, "preview")
         report = build.reporter(p, start_iter=start_iter, device=device, log_file=train_log, tracker=tracker,
                                 tracked_until=tracked_until)
-        train(model, loader, optimizer, scheduler, device=device, max_iter=p.train.max_iter, start_iter=start_iter,
+        train(model, loader, optimizer, scheduler, device=device, max_iter=build.last_iteration(p), start_iter=start_iter,
               **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, report=report, stop=stop)
         if main_process:
             checkpoint.save(args.model, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
-                            iteration=p.train.max_iter, **compute.stored())
+                            iteration=build.last_iteration(p), **compute.stored())
             checkpointer.promote({train_log: args.train_log, preview: args.preview})
             tracker.log_artifact(args.model, "model")
             tracker.log_artifact(args.train_log)

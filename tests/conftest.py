@@ -33,8 +33,12 @@ def dvc_stages(repo: Path) -> dict[str, dict]:
     from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
+    def address(stage) -> str:  # as DVC addresses it from the repository's root: train, search/dvc.yaml:search
+        where = os.path.relpath(stage.path, repo)
+        return stage.name if where == "dvc.yaml" else f"{where}:{stage.name}"
+
     with Repo(str(repo)) as dvc:
-        return {stage.name: {"cmd": stage.cmd,
+        return {address(stage): {"cmd": stage.cmd,
                              "deps": [d.def_path for d in stage.deps if not isinstance(d, ParamsDependency)],
                              "outs": [o.def_path for o in stage.outs]} for stage in dvc.index.stages}
 

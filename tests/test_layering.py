@@ -79,10 +79,13 @@ def graph():
     return grimp.build_graph("pipelines", "stages")
 
 
-@pytest.mark.parametrize("stage", ["prepare", "cache", "train", "evaluate"])
-def test_dvc_deps_list_exactly_the_code_each_stage_imports(graph, stage):
+@pytest.mark.parametrize("stage, module", [
+    ("prepare", "prepare"), ("cache", "cache"), ("train", "train"), ("evaluate", "evaluate"),
+    ("search/dvc.yaml:holdout", "holdout"), ("search/dvc.yaml:cache", "cache"), ("search/dvc.yaml:baseline", "train"),
+    ("search/dvc.yaml:search", "search")])
+def test_dvc_deps_list_exactly_the_code_each_stage_imports(graph, stage, module):
     modules, deps = _stages()[stage]
-    assert f"stages.{stage}" in modules
+    assert f"stages.{module}" in modules
     closure = set().union(*(import_closure(graph, m) for m in modules))
     code_deps = [d for d in deps if d.split("/")[0] in ("stages", "pipelines")]
     missing = sorted(f for f in closure if not any(f == d or f.startswith(d + "/") for d in code_deps))

@@ -77,14 +77,14 @@ def test_the_documented_command_trains_on_data_outside_the_repository_and_watche
                   if r["item"].startswith("train: boxes of ")}
     width = max(map(len, _dvc(repo, "metrics", "show").stdout.splitlines()))
     assert len(categories) > 10 and width <= 200  # the 12 COCO figures and 2 run ids, not one column per class
-    assert "prepare" not in _dvc(repo, "status").stdout
+    assert "prepare" not in _dvc(repo, "status", "dvc.yaml").stdout
 
     # A file added under the image folder re-runs prepare; so does another path for one of the four keys.
     shutil.copy(data / "images" / sorted(p.name for p in (data / "images").iterdir())[0], data / "images" / "new.jpg")
     status = _dvc(repo, "status", "prepare").stdout
     assert "prepare:" in status and "modified:" in status and str(data / "images") in status
     (data / "images" / "new.jpg").unlink()
-    assert "prepare" not in _dvc(repo, "status").stdout
+    assert "prepare" not in _dvc(repo, "status", "dvc.yaml").stdout
     shutil.copy(data / "instances.json", data / "val.json")
     params["dataset"]["val_annotations"] = str(data / "val.json")
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -3,6 +3,7 @@
 their store, served by a real ``mlflow server`` and read in headless Chromium (Playwright), with
 screenshots kept as test artifacts."""
 
+import contextlib
 import json
 import os
 import re
@@ -108,9 +109,15 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ui(sweep):
     """A real ``mlflow server`` on 127.0.0.1 over the sweep's store; its address."""
+    with serve(sweep[0]) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def serve(repo: Path):
+    """A real ``mlflow server`` on 127.0.0.1 over ``repo``'s store, for a browser; its address."""
     if not Path(CHROMIUM).is_file():
         pytest.skip(f"{CHROMIUM} not found (apt-get install chromium; .ci/run installs it)")
-    repo, _ = sweep
     port = _free_port()
     env = {**_env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     log = open(repo / "mlflow-server.log", "w")
@@ -126,14 +133,23 @@ def ui(sweep):
         except OSError:
             assert server.poll() is None and time.monotonic() < deadline, (repo / "mlflow-server.log").read_text()
             time.sleep(0.5)
-    yield base
-    server.terminate()  # the test started it: stopped by pid
-    server.wait(timeout=30)
-    log.close()
+    try:
+        yield base
+    finally:
+        server.terminate()  # the test started it: stopped by pid
+        server.wait(timeout=30)
+        log.close()
 
 
 @pytest.fixture(scope="module")
 def browser(ui):
+    with chromium_page() as page:
+        yield page
+
+
+@contextlib.contextmanager
+def chromium_page():
+    """A page of a headless Chromium driven by Playwright."""
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -153,3 +153,20 @@ def open_evaluation_run(*, experiment: str, params: dict[str, Any], compute: dic
         tracker.set_tag(NOTE_TAG, evaluation_note(training_run_id, tracker.experiment_id))
         tracker.log_artifact(params_file)
     return tracker
+
+
+def open_search_run(*, experiment: str, params: dict[str, Any], fingerprint: str, previous: dict[str, Any],
+                    params_file: str | Path) -> Tracker:
+    """The parent MLflow run of a policy search: the run of the start before (``previous``, its run file)
+    continued where it was left RUNNING with the same fingerprint, else a new one (the other closed as KILLED)."""
+    interrupted = previous.get("run_id") if previous.get("status") == "running" else None
+    if interrupted and previous.get("fingerprint") == fingerprint:
+        return Tracker.resume(interrupted)
+    if interrupted:
+        close_run(interrupted, "KILLED")
+    tags = {**stage_tags("search", params_file=params_file, cache=None), FINGERPRINT_TAG: fingerprint}
+    tracker = Tracker.start(experiment=experiment, params=params, tags=tags,
+                            run_name=run_name("search", params, baseline_params(params_file), first=("search.",)))
+    if tracker.run_id:
+        tracker.log_artifact(params_file)
+    return tracker

@@ -91,8 +91,9 @@ class ScaleAwareAutoAugment:
         self._fillers = SampleCache(int(self.filler_cache_mb * 2**20))
 
     def ramp(self, iteration: int) -> float:
-        """The factor on box-level probabilities at ``iteration``: ``min(iteration / max_iter, 1)``."""
-        return min(max(iteration, 0) / self.max_iter, 1.0)
+        """The factor on box-level probabilities at ``iteration``: ``min(iteration / max_iter, 1)``; 1 with
+        ``max_iter`` 0 (no ramp: the search's fine-tunes run the ops at full strength, as the original's do)."""
+        return min(max(iteration, 0) / self.max_iter, 1.0) if self.max_iter > 0 else 1.0
 
     def __call__(self, image: torch.Tensor, target: dict, ctx: SampleContext) -> tuple[torch.Tensor, dict]:
         rng = ctx.rng

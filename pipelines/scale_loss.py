@@ -1,0 +1,90 @@
+"""FCOS's loss by object scale: the measurement Scale-aware AutoAugment's search scores candidates with.
+
+:class:`ScaleLossHead` is torchvision's ``FCOSHead`` (same parameters, same loss, bit for bit) that,
+while ``bounds`` is set, also adds the loss of every positive location into bins by the area of the
+ground-truth box the location is matched to, as the original search does: bin 0 holds areas below
+``bounds[0]``, bin k areas from ``bounds[k-1]`` up to ``bounds[k]``, the last bin the rest (areas in
+pixels of the resized training image, so with the original's bounds (2048, 10240, 51200) the 4 bins
+are small, medium, large and very large objects). What goes in:
+
+* a location's classification loss: its sigmoid focal loss summed over the classes, as FCOS sums it;
+* its regression loss: the GIoU loss of its decoded box against the matched box;
+* not the centerness loss, which the original's bins leave out too (centerness measures where in a
+  box a location sits, not how well the box was found);
+* not the background locations' classification loss, which belongs to no object.
+
+A box whose area is exactly on a bound counts in the upper bin. The original's strict comparisons
+put it in no bin at all, which drops its loss from the score; with real boxes (float areas after
+resizing) the difference is rare. The sums are not divided by the number of positive locations: the
+search's score divides the bins by their total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torchvision.models.detection.fcos import FCOSHead
+from torchvision.ops import generalized_box_iou_loss, sigmoid_focal_loss
+
+SEARCH_BOUNDS = (2048.0, 10240.0, 51200.0)  # the original search's bins, in pixels of the resized image
+
+
+class ScaleLossHead(FCOSHead):
+    """``FCOSHead`` whose loss, while :attr:`bounds` is set, also sums into :attr:`scale_losses`
+    (one value per bin, accumulated over calls until :meth:`take_scale_losses`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bounds: tuple[float, ...] | None = None
+        self.scale_losses: Tensor | None = None
+
+    def measure_scales(self, bounds: Sequence[float] | None = SEARCH_BOUNDS) -> None:
+        """Start adding the loss into bins at ``bounds`` (increasing areas); ``None`` stops it."""
+        if bounds is not None and any(b >= c for b, c in zip(bounds, bounds[1:])):
+            raise ValueError(f"scale bounds must increase, got {list(bounds)}")
+        self.bounds = tuple(float(b) for b in bounds) if bounds is not None else None
+        self.scale_losses = None
+
+    def take_scale_losses(self) -> Tensor:
+        """The bins summed since the last call (zeros if nothing was added), and start again."""
+        if self.bounds is None:
+            raise RuntimeError("measure_scales() was not called")
+        taken = self.scale_losses if self.scale_losses is not None else torch.zeros(len(self.bounds) + 1, dtype=torch.float64)
+        self.scale_losses = None
+        return taken
+
+    def compute_loss(self, targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
+                     matched_idxs: list[Tensor]) -> dict[str, Tensor]:
+        losses = super().compute_loss(targets, head_outputs, anchors, matched_idxs)
+        if self.bounds is not None:
+            with torch.no_grad():
+                bins = scale_binned_loss(targets, head_outputs, anchors, matched_idxs, box_coder=self.box_coder,
+                                         bounds=self.bounds)
+            self.scale_losses = bins if self.scale_losses is None else self.scale_losses + bins
+        return losses
+
+
+def scale_binned_loss(targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
+                      matched_idxs: list[Tensor], *, box_coder, bounds: Sequence[float]) -> Tensor:
+    """Classification plus regression loss of the positive locations, summed per area bin (on the CPU,
+    float64, ``len(bounds) + 1`` values); the inputs are those of ``FCOSHead.compute_loss``."""
+    bins = torch.zeros(len(bounds) + 1, dtype=torch.float64)
+    edges = torch.tensor(list(bounds), dtype=torch.float32)
+    for i, (target, matched) in enumerate(zip(targets, matched_idxs)):
+        positive = matched >= 0
+        if not positive.any():
+            continue
+        boxes = target["boxes"][matched[positive]].float()
+        logits = head_outputs["cls_logits"][i][positive].float()
+        onehot = torch.zeros_like(logits)
+        onehot[torch.arange(len(boxes)), target["labels"][matched[positive]]] = 1.0
+        classification = sigmoid_focal_loss(logits, onehot, reduction="none").sum(dim=1)
+        predicted = box_coder.decode(head_outputs["bbox_regression"][i][positive].float()[None],
+                                     anchors[i][positive][None])[0]
+        regression = generalized_box_iou_loss(predicted, boxes, reduction="none")
+        areas = ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).cpu()
+        which = torch.bucketize(areas, edges, right=True)  # bounds[k-1] <= area < bounds[k]
+        bins.index_add_(0, which, (classification + regression).detach().cpu().double())
+    return bins

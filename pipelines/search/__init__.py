@@ -1,0 +1,1 @@
+"""Scale-aware AutoAugment's policy search: genomes, the score, the evolution, the proxy fine-tune."""

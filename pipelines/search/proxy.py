@@ -1,0 +1,110 @@
+"""The proxy task that scores a candidate: fine-tune the baseline with the candidate's policy at full
+strength for ``search.fine_tune_iters`` iterations at the constant ``search.fine_tune_lr``, adding the
+loss into scale bins (:mod:`pipelines.scale_loss`), then detect on the held-out split.
+
+A fine-tune is seeded from (``search.seed``, the candidate's key) and runs in one process with
+``search.threads`` threads, so it gives the same result wherever the precision and those match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import build
+from ..config import Params
+from ..data.annotation_cache import AnnotationCache
+from ..data.autoaug.augment import ScaleAwareAutoAugment
+from ..data.dataset import DetectionDataset
+from ..data.loader import make_train_loader
+from ..data.transforms import Compose, RandomHorizontalFlip, build_transforms
+from ..engine import train_step
+from ..evaluation import coco_evaluate, predict
+from ..policy import decode_policy
+from .genome import Genome, key
+
+SCALES = ("APs", "APm", "APl")
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """What every fine-tune of one search shares."""
+
+    params: Params
+    baseline: Path  # the baseline's model file: every fine-tune starts from it
+    cache: Path  # the search's annotation caches: train, and val (the held-out images)
+    heldout: Path  # the held-out images' ground truth (COCO JSON)
+    device: torch.device = torch.device("cpu")
+
+
+def candidate_seed(seed: int, genome_key: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{genome_key}".encode()).digest()[:4], "little")
+
+
+def fine_tune_params(p: Params) -> Params:
+    """``p`` with the fine-tune's schedule: ``search.fine_tune_iters`` at the constant ``search.fine_tune_lr``."""
+    s = p.search
+    return dataclasses.replace(p, train=dataclasses.replace(
+        p.train, max_iter=s.fine_tune_iters, stop_at=1.0, base_lr=s.fine_tune_lr, lr_schedule="multistep", steps=[],
+        warmup_iters=0))
+
+
+def augmentation(p: Params, genome: Genome) -> Compose:
+    """The flip, then Scale-aware AutoAugment with ``genome``'s policy at full strength (no ramp)."""
+    a = p.augment
+    return Compose([RandomHorizontalFlip(a.hflip_prob), ScaleAwareAutoAugment(
+        decode_policy(genome, a.n_subpolicies), scale_splits=a.scale_splits, box_prob=a.box_prob, max_iter=0,
+        filler_cache_mb=a.filler_cache_mb, filler_pool=a.filler_pool, filler_pool_iters=a.filler_pool_iters)])
+
+
+def _model(proxy: Proxy, split: str):
+    cache = AnnotationCache(proxy.cache / split, verify=False)
+    model, _, _ = build.trained_detector(proxy.params, proxy.baseline, categories=cache.categories,
+                                         split=proxy.cache / split, device=proxy.device)
+    return model, cache
+
+
+def heldout_aps(proxy: Proxy, model) -> dict[str, float]:
+    """AP, APs, APm and APl of ``model`` on the held-out split (no test-time augmentation)."""
+    p = proxy.params
+    cache = AnnotationCache(proxy.cache / "val", verify=False)
+    dataset = DetectionDataset(cache, transforms=build.test_transforms(p), seed=p.seed, skip_crowd=False)
+    loader = build.test_loader(p, dataset, rank=0, world_size=1)
+    detections = predict(model, loader, device=proxy.device, category_ids=cache.category_ids,
+                         size_divisibility=p.loader.size_divisibility, progress=False)
+    stats = coco_evaluate(proxy.heldout, detections, backend=p.evaluate.backend).stats
+    return {name: float(stats[name]) if stats[name] is not None else -1.0 for name in ("AP", *SCALES)}
+
+
+def baseline_aps(proxy: Proxy) -> dict[str, float]:
+    """The baseline model's own APs on the held-out split: what candidates are compared with."""
+    model, _ = _model(proxy, "val")
+    return heldout_aps(proxy, model)
+
+
+def fine_tune(proxy: Proxy, genome: Genome) -> dict:
+    """Fine-tune the baseline with ``genome``; return its scale bins, held-out APs and seconds."""
+    start = time.perf_counter()
+    p = fine_tune_params(proxy.params)
+    seed = candidate_seed(p.search.seed, key(genome, p.augment.n_subpolicies))
+    torch.manual_seed(seed)
+    model, cache = _model(proxy, "train")
+    model.train()
+    model.head.measure_scales(p.augment.scale_splits)
+    dataset = DetectionDataset(cache, transforms=build_transforms(
+        min_sizes=p.model.min_size_train, max_size=p.model.max_size_train, augment=augmentation(p, genome)), seed=seed)
+    loader = make_train_loader(dataset, batch_size=p.train.ims_per_batch, max_iter=p.train.max_iter,
+                               aspect_grouping=p.loader.aspect_grouping, num_workers=0,
+                               size_divisibility=p.loader.size_divisibility, seed=seed)
+    optimizer = build.optimizer(p, model)
+    scheduler = build.scheduler(p, optimizer)
+    for batch in loader:
+        train_step(model, batch.to(proxy.device), optimizer, scheduler, p.train.clip_grad_norm)
+    bins = [float(b) for b in model.head.take_scale_losses()]
+    model.head.measure_scales(None)
+    return {"bins": bins, **heldout_aps(proxy, model), "seconds": time.perf_counter() - start}

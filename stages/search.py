@@ -1,0 +1,82 @@
+"""Stage search (search/dvc.yaml): Scale-aware AutoAugment's policy search on this dataset.
+
+Every candidate fine-tunes the baseline (trained with the flip only, up to ``search.baseline_fraction``
+of its schedule, on the train images less the held-out ones) and is scored on the held-out images by
+the original's "Pareto scale balance" against the baseline's own APs there (``pipelines.search``).
+``--out`` keeps the state: every scored candidate and finished round, so a search stopped or killed at
+any moment continues where it was, to the result an uninterrupted one gives. What it writes:
+the best policy (``--policy``, read by ``augment=searched``), its metrics, the search curve and the
+best candidates' scale bins for ``dvc plots``. In MLflow: one parent run, one child run per candidate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from pipelines import build, cli, lifetime
+from pipelines.config import load_params, to_flat_dict
+from pipelines.data.annotation_cache import AnnotationCache
+from pipelines.data.dataset import DetectionDataset
+from pipelines.data.preview import augmentation_preview
+from pipelines.data.transforms import build_transforms
+from pipelines.fileio import file_sha256, write_json
+from pipelines.policy import PUBLISHED_POLICY, decode_policy
+from pipelines.search.evolution import Search, Settings
+from pipelines.search.pool import CandidatePool
+from pipelines.search.proxy import Proxy, augmentation, baseline_aps
+from pipelines.search.record import SearchRecord
+from pipelines.tracking.run import open_search_run, read_run_file, stage_run
+
+log = logging.getLogger("search")
+TOP = 5  # candidates whose scale bins are plotted
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = cli.parse_args(__doc__, argv, cache="the search's annotation caches (train, val: held out)",
+                          prepared="the search's prepared dataset (val.json: the held-out ground truth)",
+                          baseline="the baseline model the candidates fine-tune", out="the search's state folder",
+                          policy="the best policy (JSON)", metrics="the best candidate's figures (JSON)",
+                          curve="best and median score per round (JSON) for dvc plots",
+                          bins="the best candidates' loss shares per scale (JSON) for dvc plots")
+    if os.environ.get("DVC_STAGE"):  # started by DVC: it dies with dvc (and its candidate processes with it)
+        lifetime.die_with(lifetime.owner_beyond_shells())
+    p = load_params(args.params)
+    s, a = p.search, p.augment
+    settings = Settings(rounds=s.rounds, population=s.population, kept=s.kept, mutations=s.mutations,
+                        crossovers=s.crossovers, random=s.random, mutation_prob=s.mutation_prob, seed=s.seed,
+                        n_subpolicies=a.n_subpolicies, include=(PUBLISHED_POLICY,) if s.include_published else ())
+    proxy = Proxy(p, args.baseline, args.cache, args.prepared / "val.json")
+    record = SearchRecord.open(args.out, settings=settings, proxy=proxy, baseline_sha256=file_sha256(args.baseline))
+    baseline = record.baseline_aps(lambda: baseline_aps(proxy))
+    log.info("baseline on %d held-out images: AP %.3f, APs %.3f, APm %.3f, APl %.3f",
+             len(AnnotationCache(args.cache / "val")), *(baseline[k] for k in ("AP", "APs", "APm", "APl")))
+    tracker = open_search_run(experiment=p.tracking.experiment, params=to_flat_dict(p), fingerprint=record.fingerprint,
+                              previous=read_run_file(record.run_file), params_file=args.params)
+    with stage_run(tracker, record.run_file, experiment=p.tracking.experiment, fingerprint=record.fingerprint):
+        tracker.log_metrics({f"baseline/{k}": v for k, v in baseline.items()})
+        search = Search(args.out, settings)
+        with CandidatePool(proxy, baseline) as pool:
+            best = search.run(record.tracked(pool.score, tracker), on_round=record.round_logger(tracker))
+        write_json(args.policy, {"policy": best["genome"], "n_subpolicies": a.n_subpolicies, "key": best["key"],
+                                 "score": best["score"], "policy_text": str(decode_policy(best["genome"], a.n_subpolicies))})
+        write_json(args.metrics, {"score": best["score"], **{k: best[k] for k in ("AP", "APs", "APm", "APl")},
+                                  **{f"baseline_{k}": v for k, v in baseline.items() if k != "seconds"},
+                                  "candidates": len(list((args.out / "candidates").glob("*.json")))})
+        write_json(args.curve, [{"round": e["round"], "best": e["best"]["score"], "round_best": e["round_best"],
+                                 "median": e["median"]} for e in search.history])
+        write_json(args.bins, record.top_bins(search, TOP))
+        tracker.log_artifact(args.policy)
+        tracker.log_text(str(decode_policy(best["genome"], a.n_subpolicies)), "best_policy.txt")
+        cache = AnnotationCache(args.cache / "train", verify=False)
+        plain = DetectionDataset(cache, transforms=build.train_transforms(p, augment=False), seed=p.seed)
+        augmented = DetectionDataset(cache, seed=p.seed, transforms=build_transforms(
+            min_sizes=p.model.min_size_train, max_size=p.model.max_size_train, augment=augmentation(p, best["genome"])))
+        preview = augmentation_preview(plain, augmented, count=6, iteration=0, path=args.out / "best_preview.png")
+        tracker.log_artifact(preview, "preview")
+    log.info("best policy (score %.4f, AP %.3f on the held-out images):\n%s", best["score"], best["AP"],
+             decode_policy(best["genome"], a.n_subpolicies))
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,149 @@
+"""End to end: the policy search (search/dvc.yaml) on a tiny configuration in a copy of the repository:
+never started by the default ``dvc repro``, a tree of MLflow runs, resumed after a kill to the result
+of an uninterrupted search, and its policy trained with ``augment=searched``."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import mlflow
+import pytest
+
+from pipelines.policy import decode_policy
+
+from .test_pipeline import TINY, _copy_repo, _env
+
+pytestmark = pytest.mark.slow
+
+SEARCH = ["search.population=3", "search.rounds=2", "search.kept=2", "search.mutations=1", "search.crossovers=1",
+          "search.random=0", "search.fine_tune_iters=2", "search.candidates_at_once=2", "search.heldout_fraction=0.25"]
+STAGES = {"search/dvc.yaml:holdout", "search/dvc.yaml:cache", "search/dvc.yaml:baseline", "search/dvc.yaml:search"}
+
+
+def _dvc(repo, *args, timeout=900):
+    done = subprocess.run(["dvc", *args], cwd=repo, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def _ran(stdout: str) -> set[str]:
+    return set(re.findall(r"Running stage '([\w/.:]+)'", stdout))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("search")
+    _copy_repo(repo)
+    composed = subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY, *SEARCH], cwd=repo, env=_env(),
+                              capture_output=True, text=True)
+    assert composed.returncode == 0, composed.stderr
+    return repo
+
+
+def test_the_default_repro_never_starts_a_search(repo):
+    assert _ran(_dvc(repo, "repro")) == {"prepare", "cache", "train", "evaluate"}
+    assert not (repo / "search" / "outputs").exists() and not (repo / "search" / "data").exists()
+    assert _ran(_dvc(repo, "repro", "--dry")) == set()
+    status = json.loads(_dvc(repo, "status", "--json", "search/dvc.yaml"))
+    assert set(status) == STAGES  # the search's stages: not run yet
+
+
+def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(repo):
+    assert _ran(_dvc(repo, "repro", "search/dvc.yaml")) >= STAGES
+    state = repo / "search" / "outputs" / "state"
+    history = json.loads((state / "history.json").read_text())
+    assert [entry["round"] for entry in history] == [0, 1]
+    candidates = sorted(p.stem for p in (state / "candidates").glob("*.json"))
+    best = json.loads((repo / "search" / "outputs" / "policy.json").read_text())
+    decode_policy(best["policy"], best["n_subpolicies"])
+    assert best["key"] == history[-1]["best"]["key"] and best["key"] in candidates
+    metrics = json.loads((repo / "search" / "metrics" / "search.json").read_text())
+    assert metrics["score"] == best["score"] and {"APs", "APm", "APl", "baseline_APs"} <= set(metrics)
+    assert [row["round"] for row in json.loads((repo / "search" / "metrics" / "curve.json").read_text())] == [0, 1]
+    shown = json.loads(_dvc(repo, "metrics", "show", "--json"))[""]["data"]
+    assert shown["search/metrics/search.json"]["data"]["score"] == best["score"]
+    # the held-out images are train images, never val ones, and no train image of the search is held out
+    held = {im["file_name"] for im in json.loads((repo / "search/data/prepared/val.json").read_text())["images"]}
+    kept = {im["file_name"] for im in json.loads((repo / "search/data/prepared/train.json").read_text())["images"]}
+    train = {im["file_name"] for im in json.loads((repo / "data/prepared/train.json").read_text())["images"]}
+    assert held and kept and not held & kept and held | kept == train
+
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("detection").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("pipeline.stage") == "search"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.params["genome"] for r in children) == candidates
+    assert all({"score", "APs", "APm", "APl", "loss_share/small"} <= set(r.data.metrics) for r in children)
+    assert parent.data.metrics["search/best_score"] == best["score"]
+    assert parent.info.status == "FINISHED"
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"policy.json", "best_policy.txt", "preview"} <= artifacts
+
+
+def test_a_killed_search_resumes_to_the_history_and_policy_of_an_uninterrupted_one(repo):
+    """SIGKILL of ``dvc repro`` (the process this test started) while candidates are being scored: the
+    search dies with it; run again, it scores only what it had not and ends as the search above did."""
+    state = repo / "search" / "outputs" / "state"
+    expected = (state / "history.json").read_text(), (repo / "search/outputs/policy.json").read_text()
+    shutil.rmtree(state)
+    (repo / "search/outputs/policy.json").unlink()  # an output missing: dvc repro re-runs the search stage
+    dvc = subprocess.Popen(["dvc", "repro", "search/dvc.yaml"], cwd=repo, env=_env(),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(list((state / "candidates").glob("*.json"))) < 2:
+        time.sleep(0.05)
+    os.kill(dvc.pid, signal.SIGKILL)
+    dvc.wait(timeout=30)
+    assert len(list((state / "candidates").glob("*.json"))) >= 2
+    finished = json.loads((state / "history.json").read_text()) if (state / "history.json").is_file() else []
+    assert len(finished) < 2  # killed before the search ended
+    time.sleep(2)  # the search and its candidate processes die with dvc
+    _dvc(repo, "repro", "search/dvc.yaml")
+    assert ((state / "history.json").read_text(), (repo / "search/outputs/policy.json").read_text()) == expected
+
+
+def test_augment_searched_trains_the_policy_the_search_found(repo):
+    subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY, *SEARCH, "augment=searched"], cwd=repo,
+                   env=_env(), check=True)
+    ran = _ran(_dvc(repo, "repro"))
+    assert {"train", "evaluate"} <= ran and not {s for s in ran if s.startswith("search/")}
+    best = json.loads((repo / "search" / "outputs" / "policy.json").read_text())["policy"]
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("detection").experiment_id],
+                              "tags.`pipeline.stage` = 'train' and params.`augment.name` = 'sa_autoaug'")
+    assert runs and json.loads(runs[0].data.params["augment.policy"]) == best
+
+
+def test_the_mlflow_ui_shows_the_search_and_compares_two_candidates(repo):
+    """In a real browser (skipped without Chromium): the search's parent run in the experiment's list, and
+    two candidates side by side with their genes and scores."""
+    from .test_sweep import ARTIFACTS, _metric_row, _row, chromium_page, serve
+
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name("detection").experiment_id
+    runs = client.search_runs([experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("pipeline.stage") == "search"
+                 and r.data.metrics.get("search/best_score") is not None][-1:]
+    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
+                      key=lambda r: r.data.metrics["score"])[:2]
+    with serve(repo) as url, chromium_page() as page:
+        page.goto(f"{url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning")
+        page.get_by_text(parent.info.run_name, exact=True).first.wait_for()
+        # a tree: the candidates are hidden under their search until its row is expanded
+        assert page.get_by_text(children[0].info.run_name, exact=True).count() == 0
+        page.locator(f"[role=row][row-id='{parent.info.run_id}'] button").first.click()
+        page.get_by_text(children[0].info.run_name, exact=True).first.wait_for()
+        page.screenshot(path=ARTIFACTS / "search-runs.png")
+        ids = json.dumps([r.info.run_id for r in children])
+        page.goto(f"{url}/#/compare-runs?runs={ids}&experiments={json.dumps([experiment_id])}")
+        page.locator("[role=grid] a", has_text="score").first.wait_for()
+        assert _row(page, "Run ID:")[:2] == [r.info.run_id for r in children]
+        assert _row(page, "genome")[:2] == [r.data.params["genome"] for r in children]
+        shown = [float(v) for v in _metric_row(page, "score")]
+        assert shown == pytest.approx([r.data.metrics["score"] for r in children], abs=5e-4)  # shown to 3 decimals
+        page.screenshot(path=ARTIFACTS / "search-compare.png")
