@@ -21,7 +21,8 @@ from .test_pipeline import TINY, _copy_repo, _env
 pytestmark = pytest.mark.slow
 
 SEARCH = ["search.population=3", "search.rounds=2", "search.kept=2", "search.mutations=1", "search.crossovers=1",
-          "search.random=0", "search.fine_tune_iters=2", "search.candidates_at_once=2", "search.heldout_fraction=0.25"]
+          "search.random=0", "search.fine_tune_iters=2", "search.candidates_at_once=2", "search.heldout_fraction=0.25",
+          "loader.num_workers=1"]  # as by default: a candidate's process must not start loader workers
 STAGES = {"search/dvc.yaml:holdout", "search/dvc.yaml:cache", "search/dvc.yaml:baseline", "search/dvc.yaml:search"}
 
 

@@ -70,8 +70,9 @@ def _model(proxy: Proxy, split: str):
 
 
 def heldout_aps(proxy: Proxy, model) -> dict[str, float]:
-    """AP, APs, APm and APl of ``model`` on the held-out split (no test-time augmentation)."""
-    p = proxy.params
+    """AP, APs, APm and APl of ``model`` on the held-out split (no test-time augmentation), read in this
+    process (a candidate's process starts no loader workers of its own)."""
+    p = dataclasses.replace(proxy.params, loader=dataclasses.replace(proxy.params.loader, num_workers=0))
     cache = AnnotationCache(proxy.cache / "val", verify=False)
     dataset = DetectionDataset(cache, transforms=build.test_transforms(p), seed=p.seed, skip_crowd=False)
     loader = build.test_loader(p, dataset, rank=0, world_size=1)
