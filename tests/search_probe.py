@@ -1,7 +1,12 @@
 """A search with a made-up score, for the resume test: ``python -m tests.search_probe FOLDER [--delay S]``."""
 
 import argparse
+import json
+import os
+import signal
+import subprocess
 import time
+from pathlib import Path
 
 from pipelines.search.evolution import Search, Settings
 
@@ -20,6 +25,19 @@ def scorer(delay: float):
             time.sleep(delay)
             yield genome, {"score": made_up_score(genome)}
     return score
+
+
+def kill_when_scored(process: subprocess.Popen, state: Path, count: int, *, rounds: int, timeout: float) -> None:
+    """SIGKILL ``process`` (one the test started, by pid) once ``count`` candidates are scored in the
+    search folder ``state``; check that it died mid-search."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(list((state / "candidates").glob("*.json"))) < count:
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert len(list((state / "candidates").glob("*.json"))) >= count
+    finished = json.loads((state / "history.json").read_text()) if (state / "history.json").is_file() else []
+    assert len(finished) < rounds  # killed before the search ended
 
 
 def main(argv=None):

@@ -3,10 +3,8 @@
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +15,7 @@ from pipelines.search.genome import canonical, crossover, key, mutate, probabili
 from pipelines.search.score import pareto_scale_balance, scale_balance
 
 from .conftest import REPO
-from .search_probe import SETTINGS, made_up_score, scorer
+from .search_probe import SETTINGS, kill_when_scored, made_up_score, scorer
 
 
 def test_the_probability_genes_are_the_zoom_and_op_probabilities_not_the_ratios():
@@ -139,14 +137,7 @@ def test_a_killed_search_process_resumes_to_the_uninterrupted_history(tmp_path):
     assert done.returncode == 0, done.stderr
     process = subprocess.Popen([sys.executable, "-m", "tests.search_probe", str(part), "--delay", "0.05"], cwd=REPO,
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(list((part / "candidates").glob("*.json"))) < 12:
-        time.sleep(0.01)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-    assert len(list((part / "candidates").glob("*.json"))) >= 12
-    finished = json.loads((part / "history.json").read_text()) if (part / "history.json").is_file() else []
-    assert len(finished) < SETTINGS.rounds  # killed mid-search
+    kill_when_scored(process, part, 12, rounds=SETTINGS.rounds, timeout=60)
     again = subprocess.run([sys.executable, "-m", "tests.search_probe", str(part)], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr

@@ -3,10 +3,8 @@ never started by the default ``dvc repro``, a tree of MLflow runs, resumed after
 of an uninterrupted search, and its policy trained with ``augment=searched``."""
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ import pytest
 
 from pipelines.policy import decode_policy
 
+from .search_probe import kill_when_scored
 from .test_pipeline import TINY, _copy_repo, _env
 
 pytestmark = pytest.mark.slow
@@ -95,14 +94,7 @@ def test_a_killed_search_resumes_to_the_history_and_policy_of_an_uninterrupted_o
     (repo / "search/outputs/policy.json").unlink()  # an output missing: dvc repro re-runs the search stage
     dvc = subprocess.Popen(["dvc", "repro", "search/dvc.yaml"], cwd=repo, env=_env(),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and len(list((state / "candidates").glob("*.json"))) < 2:
-        time.sleep(0.05)
-    os.kill(dvc.pid, signal.SIGKILL)
-    dvc.wait(timeout=30)
-    assert len(list((state / "candidates").glob("*.json"))) >= 2
-    finished = json.loads((state / "history.json").read_text()) if (state / "history.json").is_file() else []
-    assert len(finished) < 2  # killed before the search ended
+    kill_when_scored(dvc, state, 2, rounds=2, timeout=300)
     time.sleep(2)  # the search and its candidate processes die with dvc
     _dvc(repo, "repro", "search/dvc.yaml")
     assert ((state / "history.json").read_text(), (repo / "search/outputs/policy.json").read_text()) == expected
