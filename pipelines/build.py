@@ -21,7 +21,7 @@ from .engine import MetricLog, Reporter
 from .errors import CheckpointError, ConfigError, first_line
 from .hardware import Compute, resolve
 from .model import Detector, build_detector
-from .policy import Policy, decode_policy
+from .policy import Policy, decode_policy, trivial_policy
 from .solver import build_lr_scheduler, build_optimizer
 from .tracking.tracker import Tracker
 
@@ -92,7 +92,8 @@ def augmentation(p: Params):
     """The training augmentation preset ``p.augment.name`` as one transform, or ``None``.
 
     ``none``: nothing; ``flip``: horizontal flip with ``hflip_prob``; ``sa_autoaug``: the flip, then
-    Scale-aware AutoAugment ramped over ``train.max_iter`` iterations.
+    Scale-aware AutoAugment ramped over ``train.max_iter`` iterations; ``trivial``: the flip, then one
+    box-level op of the same set at a uniform level, always (:func:`pipelines.policy.trivial_policy`).
     """
     return AUGMENTATIONS[p.augment.name](p)
 
@@ -109,8 +110,15 @@ def _sa_autoaug(p: Params) -> Compose:
     return Compose([_flip(p), autoaug])
 
 
+def _trivial(p: Params) -> Compose:
+    a = p.augment  # no ramp (max_iter 0): TrivialAugment applies its op at once, at full strength
+    return Compose([_flip(p), ScaleAwareAutoAugment(trivial_policy(), scale_splits=a.scale_splits,
+                                                    box_prob=a.box_prob, max_iter=0, filler_cache_mb=0)])
+
+
 # augment.name: the names config validation accepts are these keys (config.registry).
-AUGMENTATIONS = registry("augment.name", {"none": lambda p: None, "flip": _flip, "sa_autoaug": _sa_autoaug})
+AUGMENTATIONS = registry("augment.name", {"none": lambda p: None, "flip": _flip, "sa_autoaug": _sa_autoaug,
+                                          "trivial": _trivial})
 
 
 def train_transforms(p: Params, *, augment: bool = True) -> Compose:

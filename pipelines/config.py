@@ -105,9 +105,9 @@ class Model:
 
 @dataclass
 class Augment:
-    name: str = MISSING  # none | flip | sa_autoaug
+    name: str = MISSING  # none | flip | sa_autoaug | trivial
     hflip_prob: float = MISSING
-    # Scale-aware AutoAugment (required by name=sa_autoaug, unused otherwise)
+    # Scale-aware AutoAugment (required by name=sa_autoaug; scale_splits and box_prob also by trivial)
     policy: Optional[list[int]] = None  # the flat gene list, 4 + 6 * n_subpolicies + 6 integers 0..9
     n_subpolicies: Optional[int] = None
     scale_splits: Optional[list[int]] = None  # box areas (pixels, resized image) between small/medium/large
@@ -217,7 +217,7 @@ class Params:
 BACKBONES = ("resnet10", "resnet18", "resnet34", "resnet50", "resnet101")  # pipelines.model.BACKBONES
 NORMS = ("batchnorm", "groupnorm", "frozen_batchnorm")  # pipelines.model.NORM_LAYERS
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")  # pipelines.hardware.PRECISIONS
-AUGMENTATIONS = ("none", "flip", "sa_autoaug")  # pipelines.build.AUGMENTATIONS
+AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial")  # pipelines.build.AUGMENTATIONS
 OPTIMIZERS = ("sgd", "adamw")  # pipelines.solver.OPTIMIZERS
 LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
 EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS
@@ -702,17 +702,21 @@ def _check_model(m: Model, require) -> None:
 
 def _check_augment(a: Augment, require, source: str) -> None:
     require(0 <= a.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", a.hflip_prob)
-    if a.name != "sa_autoaug":
+    if a.name not in ("sa_autoaug", "trivial"):
         return
     from_file = a.policy is None and a.policy_file.endswith(".json")  # read by the train stage
-    for key in (*(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
-                "filler_pool", "filler_pool_iters"):
+    needed = ("scale_splits", "box_prob") if a.name == "trivial" else (
+        *(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
+        "filler_pool", "filler_pool_iters")
+    for key in needed:
         if getattr(a, key) is None:
-            raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name=sa_autoaug)"
+            raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name={a.name})"
                               f"{_group_hint('augment', a.name)}")
     require(len(a.scale_splits) == 3 and list(a.scale_splits) == sorted(set(a.scale_splits)) and a.scale_splits[0] > 0,
             "augment.scale_splits", "three increasing positive areas", a.scale_splits)
     require(0 <= a.box_prob <= 1, "augment.box_prob", "a probability in [0, 1]", a.box_prob)
+    if a.name == "trivial":
+        return
     require(a.filler_cache_mb >= 0, "augment.filler_cache_mb", "a size in MB >= 0", a.filler_cache_mb)
     require(a.filler_pool >= 0, "augment.filler_pool", "a number of images >= 0 (0: the whole split)", a.filler_pool)
     require(a.filler_pool_iters >= 1, "augment.filler_pool_iters", "a number of iterations >= 1", a.filler_pool_iters)

@@ -98,6 +98,23 @@ class Policy:
         return "\n".join(lines)
 
 
+def trivial_policy() -> Policy:
+    """TrivialAugment (Müller and Hutter, ICCV 2021) over this policy's box-level ops, as a :class:`Policy`.
+
+    Per image one op, drawn uniformly among ``COLOR_OPS + GEO_OPS``, at a level drawn uniformly 0..9, always
+    applied: one sub-policy per (op, level) whose one op has probability 1 (the other 0), so that drawing a
+    sub-policy uniformly, as the transform does, draws the op and the level uniformly. No zoom, and equal
+    ratios for every scale: nothing is searched or tuned.
+    """
+    levels = range(MAX_GENE + 1)
+    off_color, off_geometric = BoxOp(COLOR_OPS[0], 0.0, 0), BoxOp(GEO_OPS[0], 0.0, 0)
+    subpolicies = [SubPolicy(color=BoxOp(name, 1.0, level), geometric=off_geometric)
+                   for name in COLOR_OPS for level in levels]
+    subpolicies += [SubPolicy(color=off_color, geometric=BoxOp(name, 1.0, level)) for name in GEO_OPS for level in levels]
+    return Policy(zoom_out=ZoomOp(0.0, 0), zoom_in=ZoomOp(0.0, 0), subpolicies=tuple(subpolicies),
+                  area_ratios=(1, 1, 1), prob_ratios=(1, 1, 1))
+
+
 def policy_length(n_subpolicies: int) -> int:
     """How many genes a policy with ``n_subpolicies`` sub-policies has."""
     return 4 + 6 * n_subpolicies + 6

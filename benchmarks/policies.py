@@ -1,0 +1,163 @@
+"""Benchmark: full-schedule AP of augmentation presets, several seeds each (docs/results.md).
+
+For each preset of ``--augment`` and each seed of ``--seeds``, the pipeline's own train and evaluate
+stages run, as ``dvc repro`` runs them (``pipelines.launch``, ``train.nproc`` processes), on the prepared
+data of ``--prepared`` and ``--cache``, with the params of ``--params`` except two: the ``augment``
+section, composed from ``conf/augment/<preset>.yaml`` as ``-S augment=<preset>`` would, and ``seed``
+(the model's initialisation, the loader's order and every augmentation draw). ``searched`` takes its
+genes from ``--policy-file``, a search's ``policy.json``. MLflow records the runs in a store of their own
+in the scratch folder, which is deleted with the models.
+
+Every finished run is kept at once as ``--runs/<preset>-s<seed>.json`` (its metrics, wall times, the
+machine and, for ``searched``, the genes): a run already kept is not run again, so a comparison that
+was stopped resumes where it was, and more seeds or presets can be added later. The table has a row
+per run and, per preset, the mean over seeds with the spread (largest minus smallest) beside it.
+
+    python -m benchmarks.policies [--augment sa_autoaug searched trivial flip none] [--seeds 0 1] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = ("sa_autoaug", "searched", "trivial", "flip", "none")
+METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+
+
+def run_params(params: Path, preset: str, seed: int, policy_file: Path) -> dict:
+    """``params`` with the ``augment`` section of ``preset`` and ``seed``."""
+    from pipelines.compose import compose_params
+
+    raw = yaml.safe_load(params.read_text())
+    raw["augment"] = yaml.safe_load(compose_params(REPO, [f"augment={preset}"]))["augment"]
+    raw["seed"] = seed
+    if preset == "searched":
+        raw["augment"]["policy_file"] = str(policy_file.resolve())
+    return raw
+
+
+def train_and_evaluate(raw: dict, *, prepared: Path, cache: Path, folder: Path) -> dict:
+    """Run the train and evaluate stages on ``raw`` params in ``folder``; their metrics and wall times."""
+    params = folder / "params.yaml"
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = {name: folder / name for name in ("checkpoints", "train", "eval")}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
+    launch = [sys.executable, "-m", "pipelines.launch", "--params", str(params)]
+    commands = {
+        "train": [*launch, "--run-file", str(out["checkpoints"] / "run.json"), "stages.train",
+                  "--cache", str(cache), "--checkpoints", str(out["checkpoints"]), "--model", str(out["train"] / "model.pth"),
+                  "--run", str(out["train"] / "run.json"), "--train-log", str(out["train"] / "log.csv"),
+                  "--preview", str(out["train"] / "preview.png")],
+        "evaluate": [*launch, "--single-node", "--run-file", str(out["eval"] / "run.json"), "stages.evaluate",
+                     "--cache", str(cache), "--prepared", str(prepared), "--model", str(out["train"] / "model.pth"),
+                     "--train-run", str(out["train"] / "run.json"), "--metrics", str(out["eval"] / "metrics.json"),
+                     "--per-category", str(out["eval"] / "per_category.json"), "--run-ids", str(out["eval"] / "ids.json"),
+                     "--plots", str(out["eval"] / "pr.json"), "--detections", str(out["eval"] / "detections.json")],
+    }
+    seconds = {}
+    for stage, command in commands.items():
+        start = time.perf_counter()
+        done = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL)  # stderr: the progress bars
+        if done.returncode:
+            raise SystemExit(f"error: the {stage} stage exited with {done.returncode}; this run is not kept")
+        seconds[stage] = round(time.perf_counter() - start, 1)
+    metrics = json.loads((out["eval"] / "metrics.json").read_text())
+    return {"metrics": {k: metrics[k] for k in METRICS}, "seconds": seconds}
+
+
+def run(preset: str, seed: int, *, params: Path, prepared: Path, cache: Path, policy_file: Path, runs: Path) -> dict:
+    """One preset and seed: the kept record, or a new run kept before it is returned."""
+    path = runs / f"{preset}-s{seed}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from benchmarks.record import machine
+    from pipelines.fileio import write_json
+
+    raw = run_params(params, preset, seed, policy_file)
+    with tempfile.TemporaryDirectory(prefix=f"policies-{preset}-") as tmp:
+        print(f"{preset}, seed {seed}: training and evaluating", file=sys.stderr, flush=True)
+        result = train_and_evaluate(raw, prepared=prepared, cache=cache, folder=Path(tmp))
+    import torch
+
+    from pipelines.hardware import resolve
+
+    genes = json.loads(policy_file.read_text())["policy"] if preset == "searched" else None
+    precision = resolve(raw["model"]["precision"], raw["model"]["channels_last"], torch.device("cpu")).precision
+    record = {"preset": preset, "seed": seed, **result, "genes": genes, "machine": machine(),
+              "precision": precision, "model": raw["model"]["name"],
+              "schedule": f"{raw['train']['max_iter']} iterations of batch {raw['train']['ims_per_batch']}"}
+    runs.mkdir(parents=True, exist_ok=True)
+    write_json(path, record)
+    return record
+
+
+def figures(records: list[dict]) -> dict:
+    """The runs, and per preset the mean and spread (max - min) of each metric over its seeds."""
+    presets = {}
+    for r in records:
+        presets.setdefault(r["preset"], []).append(r)
+    summary = {}
+    for preset, rs in presets.items():
+        summary[preset] = {"seeds": [r["seed"] for r in rs],
+                           "mean": {k: statistics.fmean(r["metrics"][k] for r in rs) for k in METRICS},
+                           "spread": {k: max(r["metrics"][k] for r in rs) - min(r["metrics"][k] for r in rs)
+                                      for k in METRICS},
+                           "train_seconds": statistics.median(r["seconds"]["train"] for r in rs)}
+    return {"runs": records, "summary": summary}
+
+
+def table(f: dict) -> str:
+    """Per preset, the mean of each metric over its seeds with its spread, then one row per run."""
+    runs = f["runs"]
+    first = runs[0]
+    m = first["machine"]
+    lines = [f"`{first['model']}`, {first['schedule']}, {first['precision']} precision on the {m['class']} class; "
+             "mean over seeds (in brackets the spread: largest minus smallest).", "",
+             "| augment | seeds | " + " | ".join(METRICS) + " | train time (median) |",
+             "|---|---|" + "---|" * len(METRICS) + "---|"]
+    for preset, s in f["summary"].items():
+        cells = [f"{s['mean'][k]:.3f} ({s['spread'][k]:.3f})" for k in METRICS]
+        lines.append(f"| {preset} | {', '.join(map(str, s['seeds']))} | " + " | ".join(cells)
+                     + f" | {s['train_seconds'] / 60:.1f} min |")
+    lines += ["", "| augment | seed | " + " | ".join(METRICS) + " | train | evaluate |",
+              "|---|---|" + "---|" * len(METRICS) + "---|---|"]
+    for r in runs:
+        lines.append(f"| {r['preset']} | {r['seed']} | " + " | ".join(f"{r['metrics'][k]:.3f}" for k in METRICS)
+                     + f" | {r['seconds']['train']:.0f} s | {r['seconds']['evaluate']:.0f} s |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--augment", nargs="+", choices=PRESETS, default=list(PRESETS), help="the presets compared")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="the seeds of every preset")
+    parser.add_argument("--params", type=Path, default=REPO / "params.yaml", help="the params of every run")
+    parser.add_argument("--prepared", type=Path, default=REPO / "data" / "prepared", help="the prepare stage's output")
+    parser.add_argument("--cache", type=Path, default=REPO / "data" / "cache", help="the cache stage's output")
+    parser.add_argument("--policy-file", type=Path, default=REPO / "search" / "outputs" / "policy.json",
+                        help="the search result that `searched` trains with")
+    parser.add_argument("--runs", type=Path, default=REPO / "benchmarks" / "records" / "policies",
+                        help="where each finished run is kept (and found again)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args(argv)
+    if "searched" in args.augment and not args.policy_file.is_file():
+        parser.error(f"--policy-file: {args.policy_file} is not a file; run the search (dvc repro search/dvc.yaml)")
+    records = [run(preset, seed, params=args.params, prepared=args.prepared, cache=args.cache,
+                   policy_file=args.policy_file, runs=args.runs) for preset in args.augment for seed in args.seeds]
+    f = figures(records)
+    print(json.dumps(f) if args.json else table(f))
+
+
+if __name__ == "__main__":
+    main()
