@@ -8,12 +8,15 @@ section, composed from ``conf/augment/<preset>.yaml`` as ``-S augment=<preset>``
 genes from ``--policy-file``, a search's ``policy.json``. MLflow records the runs in a store of their own
 in the scratch folder, which is deleted with the models.
 
-Every finished run is kept at once as ``--runs/<preset>-s<seed>.json`` (its metrics, wall times, the
-machine and, for ``searched``, the genes): a run already kept is not run again, so a comparison that
-was stopped resumes where it was, and more seeds or presets can be added later. The table has a row
-per run and, per preset, the mean over seeds with the spread (largest minus smallest) beside it.
+Every finished run is kept at once as ``--runs/<name>-s<seed>.json`` (its metrics, wall times, the
+machine and, for ``searched``, the genes and bounds): a run already kept is not run again, so a
+comparison that was stopped resumes where it was, and more seeds or presets can be added later. The
+name is the preset's, or ``searched-<label>`` with ``--label`` (to compare the results of two searches).
+The table covers every run kept in ``--runs``: per name, the mean over seeds with the spread (largest
+minus smallest) beside it, then a row per run.
 
     python -m benchmarks.policies [--augment sa_autoaug searched trivial flip none] [--seeds 0 1] [--json]
+    python -m benchmarks.policies --augment searched --label auto --policy-file other/policy.json
 """
 
 from __future__ import annotations
@@ -76,9 +79,15 @@ def train_and_evaluate(raw: dict, *, prepared: Path, cache: Path, folder: Path) 
     return {"metrics": {k: metrics[k] for k in METRICS}, "seconds": seconds}
 
 
-def run(preset: str, seed: int, *, params: Path, prepared: Path, cache: Path, policy_file: Path, runs: Path) -> dict:
+def run_name(preset: str, label: str | None) -> str:
+    return f"{preset}-{label}" if preset == "searched" and label else preset
+
+
+def run(preset: str, seed: int, *, params: Path, prepared: Path, cache: Path, policy_file: Path, runs: Path,
+        label: str | None = None) -> dict:
     """One preset and seed: the kept record, or a new run kept before it is returned."""
-    path = runs / f"{preset}-s{seed}.json"
+    name = run_name(preset, label)
+    path = runs / f"{name}-s{seed}.json"
     if path.is_file():
         return json.loads(path.read_text())
     from benchmarks.record import machine
@@ -86,15 +95,16 @@ def run(preset: str, seed: int, *, params: Path, prepared: Path, cache: Path, po
 
     raw = run_params(params, preset, seed, policy_file)
     with tempfile.TemporaryDirectory(prefix=f"policies-{preset}-") as tmp:
-        print(f"{preset}, seed {seed}: training and evaluating", file=sys.stderr, flush=True)
+        print(f"{name}, seed {seed}: training and evaluating", file=sys.stderr, flush=True)
         result = train_and_evaluate(raw, prepared=prepared, cache=cache, folder=Path(tmp))
     import torch
 
     from pipelines.hardware import resolve
 
-    genes = json.loads(policy_file.read_text())["policy"] if preset == "searched" else None
+    found = json.loads(policy_file.read_text()) if preset == "searched" else {}
     precision = resolve(raw["model"]["precision"], raw["model"]["channels_last"], torch.device("cpu")).precision
-    record = {"preset": preset, "seed": seed, **result, "genes": genes, "machine": machine(),
+    record = {"name": name, "preset": preset, "seed": seed, **result, "genes": found.get("policy"),
+              "scale_splits": found.get("scale_splits", raw["augment"].get("scale_splits")), "machine": machine(),
               "precision": precision, "model": raw["model"]["name"],
               "schedule": f"{raw['train']['max_iter']} iterations of batch {raw['train']['ims_per_batch']}"}
     runs.mkdir(parents=True, exist_ok=True)
@@ -102,11 +112,17 @@ def run(preset: str, seed: int, *, params: Path, prepared: Path, cache: Path, po
     return record
 
 
+def kept(runs: Path) -> list[dict]:
+    """Every run kept in ``runs``, in the order of ``PRESETS``, then by name and seed."""
+    records = [json.loads(path.read_text()) for path in runs.glob("*.json")]
+    return sorted(records, key=lambda r: (PRESETS.index(r["preset"]), r["name"], r["seed"]))
+
+
 def figures(records: list[dict]) -> dict:
-    """The runs, and per preset the mean and spread (max - min) of each metric over its seeds."""
+    """The runs, and per name the mean and spread (max - min) of each metric over its seeds."""
     presets = {}
     for r in records:
-        presets.setdefault(r["preset"], []).append(r)
+        presets.setdefault(r["name"], []).append(r)
     summary = {}
     for preset, rs in presets.items():
         summary[preset] = {"seeds": [r["seed"] for r in rs],
@@ -133,7 +149,7 @@ def table(f: dict) -> str:
     lines += ["", "| augment | seed | " + " | ".join(METRICS) + " | train | evaluate |",
               "|---|---|" + "---|" * len(METRICS) + "---|---|"]
     for r in runs:
-        lines.append(f"| {r['preset']} | {r['seed']} | " + " | ".join(f"{r['metrics'][k]:.3f}" for k in METRICS)
+        lines.append(f"| {r['name']} | {r['seed']} | " + " | ".join(f"{r['metrics'][k]:.3f}" for k in METRICS)
                      + f" | {r['seconds']['train']:.0f} s | {r['seconds']['evaluate']:.0f} s |")
     return "\n".join(lines)
 
@@ -147,15 +163,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=REPO / "data" / "cache", help="the cache stage's output")
     parser.add_argument("--policy-file", type=Path, default=REPO / "search" / "outputs" / "policy.json",
                         help="the search result that `searched` trains with")
+    parser.add_argument("--label", help="names the searched runs searched-LABEL (another search's result)")
     parser.add_argument("--runs", type=Path, default=REPO / "benchmarks" / "records" / "policies",
-                        help="where each finished run is kept (and found again)")
+                        help="where each finished run is kept (and found again); the table covers them all")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     if "searched" in args.augment and not args.policy_file.is_file():
         parser.error(f"--policy-file: {args.policy_file} is not a file; run the search (dvc repro search/dvc.yaml)")
-    records = [run(preset, seed, params=args.params, prepared=args.prepared, cache=args.cache,
-                   policy_file=args.policy_file, runs=args.runs) for preset in args.augment for seed in args.seeds]
-    f = figures(records)
+    for preset in args.augment:
+        for seed in args.seeds:
+            run(preset, seed, params=args.params, prepared=args.prepared, cache=args.cache,
+                policy_file=args.policy_file, runs=args.runs, label=args.label)
+    f = figures(kept(args.runs))
     print(json.dumps(f) if args.json else table(f))
 
 

@@ -1,4 +1,4 @@
-"""Benchmark figures kept as data, and docs/benchmarks.md's tables written from them.
+"""Benchmark figures kept as data, and the tables of docs/benchmarks.md and docs/results.md written from them.
 
     python -m benchmarks.record run NAME -- benchmarks.sa_autoaug --clock cpu   # measure, keep the record
     python -m benchmarks.record docs [--check]                                 # write (or check) the tables
@@ -6,7 +6,7 @@
 ``run`` runs the benchmark module with ``--json`` in a process of its own and keeps what it prints in
 ``benchmarks/records/NAME.json`` with the machine it ran on (CPU model and class, the ISA torch runs
 at, cores, load average before and after), the command, the date and the commit. ``docs`` replaces
-each ``<!-- record: NAME -->`` ... ``<!-- /record -->`` block of ``docs/benchmarks.md`` with the
+each ``<!-- record: NAME -->`` ... ``<!-- /record -->`` block of those pages with the
 module's own ``table(figures)`` (what it prints without ``--json``) under one line saying where and
 how the figures were measured; ``--check`` changes nothing and exits with 1 where a table and its
 record disagree. The prose around the blocks is written by hand.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "benchmarks" / "records"
-DOCS = REPO / "docs" / "benchmarks.md"
+DOCS = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "results.md")
 BLOCK = re.compile(r"<!-- record: ([\w-]+) -->\n.*?<!-- /record -->", re.DOTALL)
 
 
@@ -78,12 +78,12 @@ def block(name: str, record: dict) -> str:
     return f"<!-- record: {name} -->\n{describe(record)}:\n\n{body}<!-- /record -->"
 
 
-def render(text: str, records: Path = RECORDS) -> str:
-    """``text`` with every record block written from its record."""
+def render(text: str, records: Path = RECORDS, page: str = "docs") -> str:
+    """``text`` (of ``page``) with every record block written from its record."""
     def replace(match: re.Match) -> str:
         path = records / f"{match.group(1)}.json"
         if not path.is_file():
-            raise SystemExit(f"error: {DOCS.name}: no record {path.relative_to(REPO)} for block {match.group(1)!r}")
+            raise SystemExit(f"error: {page}: no record {path.relative_to(REPO)} for block {match.group(1)!r}")
         return block(match.group(1), json.loads(path.read_text()))
 
     return BLOCK.sub(replace, text)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     measure = sub.add_parser("run", help="run a benchmark and keep its record")
     measure.add_argument("name", help="the record's name (benchmarks/records/NAME.json)")
     measure.add_argument("module_args", nargs=argparse.REMAINDER, help="-- MODULE [ARGS...]")
-    docs = sub.add_parser("docs", help="write docs/benchmarks.md's tables from the records")
+    docs = sub.add_parser("docs", help="write the docs' record tables from the records")
     docs.add_argument("--check", action="store_true", help="change nothing; exit with 1 where a table is stale")
     args = parser.parse_args(argv)
     if args.command == "run":
@@ -104,14 +104,14 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("run: give the benchmark module after --")
         print(describe(run(args.name, module_args)))
         return
-    text = DOCS.read_text()
-    new = render(text)
-    if args.check:
-        if new != text:
-            raise SystemExit(f"error: {DOCS.relative_to(REPO)} disagrees with benchmarks/records/; "
+    for page in DOCS:
+        text = page.read_text()
+        new = render(text, page=str(page.relative_to(REPO)))
+        if args.check and new != text:
+            raise SystemExit(f"error: {page.relative_to(REPO)} disagrees with benchmarks/records/; "
                              "run python -m benchmarks.record docs")
-        return
-    DOCS.write_text(new)
+        if not args.check:
+            page.write_text(new)
 
 
 if __name__ == "__main__":

@@ -184,6 +184,9 @@ class Search:
     candidates_at_once: int = MISSING  # fine-tunes running side by side, one process each
     threads: int = MISSING  # per candidate process
     seed: int = MISSING  # the held-out split, the rounds' genomes and each fine-tune's randomness
+    # The area bounds of the score's bins and of the policy's scale buckets: null, augment.scale_splits (the
+    # original's, COCO's at 800 pixels); auto, those scaled to min(model.min_size_train); or three areas
+    scale_splits: Any = None
 
 
 @dataclass
@@ -422,8 +425,9 @@ def params_from_dict(raw: dict, *, source: str = "params", world_size: int | Non
 
 def read_policy_file(p: Params, source: str = "params.yaml") -> Params:
     """``p`` with the genes of a search's result (``augment.policy_file`` ending in ``.json``) as
-    ``augment.policy``, where ``augment.name`` is sa_autoaug; the train stage reads it so (the search's
-    own stages never do: they run before it exists)."""
+    ``augment.policy``, and the scale bounds it was searched with as ``augment.scale_splits``, where
+    ``augment.name`` is sa_autoaug; the train stage reads it so (the search's own stages never do: they run
+    before it exists)."""
     a = p.augment
     if a.name != "sa_autoaug" or not a.policy_file.endswith(".json"):
         return p
@@ -444,7 +448,11 @@ def read_policy_file(p: Params, source: str = "params.yaml") -> Params:
         decode_policy(found["policy"], a.n_subpolicies)
     except ConfigError as err:
         raise ConfigError(f"{source}: augment.policy_file: {path}: {err}") from None
-    return dataclasses.replace(p, augment=dataclasses.replace(a, policy=list(found["policy"])))
+    splits = found.get("scale_splits", a.scale_splits)  # the bounds the policy was searched with
+    if not (isinstance(splits, list) and len(splits) == 3 and all(isinstance(x, int) and x > 0 for x in splits)):
+        raise ConfigError(f"{source}: augment.policy_file: {path}: scale_splits: expected three positive areas, "
+                          f"got {splits!r}")
+    return dataclasses.replace(p, augment=dataclasses.replace(a, policy=list(found["policy"]), scale_splits=splits))
 
 
 def to_flat_dict(params: Params | dict[str, Any]) -> dict[str, Any]:
@@ -791,6 +799,12 @@ def _check_search(s: Search, require) -> None:
     require(s.fine_tune_lr > 0, "search.fine_tune_lr", "a learning rate > 0", s.fine_tune_lr)
     require(0 < s.heldout_fraction < 1, "search.heldout_fraction", "a fraction in (0, 1)", s.heldout_fraction)
     require(0 < s.baseline_fraction <= 1, "search.baseline_fraction", "a fraction in (0, 1]", s.baseline_fraction)
+    splits = s.scale_splits
+    require(splits is None or splits == "auto" or (
+        isinstance(splits, (list, tuple)) and len(splits) == 3
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in splits)
+        and list(splits) == sorted(set(splits)) and splits[0] > 0),
+        "search.scale_splits", "null, auto or three increasing positive areas", splits)
 
 
 def main(argv: list[str] | None = None) -> None:

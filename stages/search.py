@@ -24,12 +24,13 @@ from pipelines.fileio import file_sha256, write_json
 from pipelines.policy import PUBLISHED_POLICY, decode_policy
 from pipelines.search.evolution import Search, Settings
 from pipelines.search.pool import CandidatePool
-from pipelines.search.proxy import Proxy, augmentation, baseline_aps
+from pipelines.search.proxy import Proxy, augmentation, baseline_aps, bin_shares, search_params
 from pipelines.search.record import SearchRecord
 from pipelines.tracking.run import open_search_run, read_run_file, stage_run
 
 log = logging.getLogger("search")
 TOP = 5  # candidates whose scale bins are plotted
+EMPTY_BIN = 0.01  # a bin with a smaller share of the train boxes gets a warning
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,12 +42,19 @@ def main(argv: list[str] | None = None) -> None:
                           bins="the best candidates' loss shares per scale (JSON) for dvc plots")
     if os.environ.get("DVC_STAGE"):  # started by DVC: it dies with dvc (and its candidate processes with it)
         lifetime.die_with(lifetime.owner_beyond_shells())
-    p = load_params(args.params)
+    p = search_params(load_params(args.params))
     s, a = p.search, p.augment
     settings = Settings(rounds=s.rounds, population=s.population, kept=s.kept, mutations=s.mutations,
                         crossovers=s.crossovers, random=s.random, mutation_prob=s.mutation_prob, seed=s.seed,
                         n_subpolicies=a.n_subpolicies, include=(PUBLISHED_POLICY,) if s.include_published else ())
     proxy = Proxy(p, args.baseline, args.cache, args.prepared / "val.json")
+    shares = bin_shares(AnnotationCache(args.cache / "train"), min_size=min(p.model.min_size_train),
+                        max_size=p.model.max_size_train, splits=a.scale_splits)
+    log.info("scale bins (area bounds %s): %s of the train boxes", a.scale_splits, ", ".join(f"{x:.1%}" for x in shares))
+    if min(shares) < EMPTY_BIN:
+        log.warning("a scale bin holds almost none of the train boxes at the training size: the score's balance is "
+                    "out of reach and it favours enlarging objects; search.scale_splits: auto scales the bounds to "
+                    "model.min_size_train (docs/search.md)")
     record = SearchRecord.open(args.out, settings=settings, proxy=proxy, baseline_sha256=file_sha256(args.baseline))
     baseline = record.baseline_aps(lambda: baseline_aps(proxy))
     log.info("baseline on %d held-out images: AP %.3f, APs %.3f, APm %.3f, APl %.3f",
@@ -58,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         search = Search(args.out, settings)
         with CandidatePool(proxy, baseline) as pool:
             best = search.run(record.tracked(pool.score, tracker), on_round=record.round_logger(tracker))
-        write_json(args.policy, {"policy": best["genome"], "n_subpolicies": a.n_subpolicies, "key": best["key"],
+        write_json(args.policy, {"policy": best["genome"], "n_subpolicies": a.n_subpolicies,
+                                 "scale_splits": a.scale_splits, "key": best["key"],
                                  "score": best["score"], "policy_text": str(decode_policy(best["genome"], a.n_subpolicies))})
         write_json(args.metrics, {"score": best["score"], **{k: best[k] for k in ("AP", "APs", "APm", "APl")},
                                   **{f"baseline_{k}": v for k, v in baseline.items() if k != "seconds"},

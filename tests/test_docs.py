@@ -52,17 +52,19 @@ def test_no_text_points_outside_the_repository():
 
 
 def test_benchmark_tables_are_written_from_their_records(tmp_path):
-    """docs/benchmarks.md's tables are each benchmark's own ``table()`` of a record in benchmarks/records/;
-    a figure changed in a record (or in the page) makes them disagree."""
+    """The record tables of docs/benchmarks.md and docs/results.md are each benchmark's own ``table()`` of a
+    record in benchmarks/records/; a figure changed in a record (or in the page) makes them disagree."""
     import json
     import shutil
 
-    from benchmarks.record import BLOCK, RECORDS, render
+    from benchmarks.record import BLOCK, DOCS, RECORDS, render
 
-    text = (REPO / "docs" / "benchmarks.md").read_text()
-    names = BLOCK.findall(text)
+    pages = [page.read_text() for page in DOCS]
+    names = [name for text in pages for name in BLOCK.findall(text)]
     assert len(names) >= 5 and sorted(names) == sorted(p.stem for p in RECORDS.glob("*.json"))
-    assert render(text) == text  # python -m benchmarks.record docs --check
+    assert all(render(text) == text for text in pages)  # python -m benchmarks.record docs --check
+    text = pages[0]
+    names = BLOCK.findall(text)
     for name in names:
         record = json.loads((RECORDS / f"{name}.json").read_text())
         assert record["machine"]["class"] and record["machine"]["cpu"] and "load_before" in record["machine"]

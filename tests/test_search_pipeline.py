@@ -61,6 +61,7 @@ def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(
     candidates = sorted(p.stem for p in (state / "candidates").glob("*.json"))
     best = json.loads((repo / "search" / "outputs" / "policy.json").read_text())
     decode_policy(best["policy"], best["n_subpolicies"])
+    assert best["scale_splits"] == [2048, 10240, 51200]  # search.scale_splits null: augment.scale_splits
     assert best["key"] == history[-1]["best"]["key"] and best["key"] in candidates
     metrics = json.loads((repo / "search" / "metrics" / "search.json").read_text())
     assert metrics["score"] == best["score"] and {"APs", "APm", "APl", "baseline_APs"} <= set(metrics)
@@ -105,11 +106,32 @@ def test_augment_searched_trains_the_policy_the_search_found(repo):
                    env=_env(), check=True)
     ran = _ran(_dvc(repo, "repro"))
     assert {"train", "evaluate"} <= ran and not {s for s in ran if s.startswith("search/")}
-    best = json.loads((repo / "search" / "outputs" / "policy.json").read_text())["policy"]
+    best = json.loads((repo / "search" / "outputs" / "policy.json").read_text())
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("detection").experiment_id],
                               "tags.`pipeline.stage` = 'train' and params.`augment.name` = 'sa_autoaug'")
-    assert runs and json.loads(runs[0].data.params["augment.policy"]) == best
+    assert runs and json.loads(runs[0].data.params["augment.policy"]) == best["policy"]
+    assert json.loads(runs[0].data.params["augment.scale_splits"]) == best["scale_splits"]
+
+
+def test_the_policies_benchmark_keeps_each_run_and_never_runs_a_kept_one_again(repo, tmp_path):
+    """benchmarks/policies.py through the train and evaluate stages, on the tiny params: one record per preset
+    and seed; run again, it reads them back and runs nothing."""
+    runs = tmp_path / "runs"
+    command = [sys.executable, "-m", "benchmarks.policies", "--augment", "searched", "trivial", "--seeds", "3",
+               "--runs", str(runs)]
+    first = subprocess.run(command, cwd=repo, env=_env(), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    kept = {p.name: json.loads(p.read_text()) for p in runs.glob("*.json")}
+    assert set(kept) == {"searched-s3.json", "trivial-s3.json"}
+    searched = json.loads((repo / "search" / "outputs" / "policy.json").read_text())["policy"]
+    assert kept["searched-s3.json"]["genes"] == searched and kept["trivial-s3.json"]["genes"] is None
+    assert all(r["seed"] == 3 and set(r["metrics"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl"} for r in kept.values())
+    assert "| searched | 3 |" in first.stdout and "| trivial | 3 |" in first.stdout
+    again = subprocess.run([*command, "--json"], cwd=repo, env=_env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "training and evaluating" not in again.stderr  # nothing ran
+    assert [r["metrics"] for r in json.loads(again.stdout)["runs"]] == [kept[f"{n}-s3.json"]["metrics"]
+                                                                       for n in ("searched", "trivial")]
 
 
 def test_the_mlflow_ui_shows_the_search_and_compares_two_candidates(repo):

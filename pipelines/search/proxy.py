@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .. import build
@@ -44,6 +45,43 @@ class Proxy:
 
 def candidate_seed(seed: int, genome_key: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{genome_key}".encode()).digest()[:4], "little")
+
+
+PUBLISHED_SPLITS = (2048, 10240, 51200)  # the original's bounds, pixel areas on COCO images resized to 800 pixels
+PUBLISHED_SIZE = 800
+
+
+def scale_splits(p: Params) -> list[int]:
+    """The search's area bounds (``search.scale_splits``): ``augment.scale_splits`` where null, as the original;
+    for ``auto`` the original's bounds scaled by the area ratio of ``min(model.min_size_train)`` to 800 pixels
+    (on smaller images the original's upper bin stays empty and its balance cannot be reached)."""
+    splits = p.search.scale_splits
+    if splits is None:
+        return list(p.augment.scale_splits)
+    if splits == "auto":
+        factor = (min(p.model.min_size_train) / PUBLISHED_SIZE) ** 2
+        return [max(1, round(area * factor)) for area in PUBLISHED_SPLITS]
+    return list(splits)
+
+
+def bin_shares(cache: AnnotationCache, *, min_size: int, max_size: int, splits: list[int]) -> list[float]:
+    """The share of ``cache``'s non-crowd boxes in each of the score's 4 bins (bounds ``splits``) on images
+    resized to ``min_size`` (longer side at most ``max_size``), as the fine-tunes see them."""
+    areas = []
+    for index in range(len(cache)):
+        boxes, _, crowd = cache.annotations(index)
+        width, height = (float(v) for v in cache.sizes[index])
+        scale = min(min_size / min(width, height), max_size / max(width, height))
+        b = boxes[~crowd].astype(np.float64)
+        areas.append((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]) * scale**2)
+    counts = np.bincount(np.searchsorted(splits, np.concatenate(areas) if areas else np.zeros(0), side="right"), minlength=4)
+    return [float(c) / max(int(counts.sum()), 1) for c in counts]
+
+
+def search_params(p: Params) -> Params:
+    """``p`` as the search uses it: ``augment.scale_splits`` replaced by :func:`scale_splits`, for the fine-tunes'
+    scale buckets, the score's bins and the policy it writes."""
+    return dataclasses.replace(p, augment=dataclasses.replace(p.augment, scale_splits=scale_splits(p)))
 
 
 def fine_tune_params(p: Params) -> Params:
