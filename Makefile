@@ -1,12 +1,13 @@
 # `make pipeline` installs (once) and runs the four DVC stages; `make test` installs and runs the tests;
-# `make doctor` reports on the machine and predicts the pipeline's time on it.
+# `make doctor` reports on the machine and predicts the pipeline's time on it; `make tracking-server` runs
+# a shared MLflow server on PostgreSQL (docs/team.md).
 # The install is the pinned requirements.lock; `make lock` re-resolves it from pyproject.toml.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install pipeline test doctor lock
+.PHONY: install pipeline test doctor lock tracking-server
 
 # Every dependency at its locked version, then the project itself (editable, deps already there).
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -28,6 +29,12 @@ test: install
 # What this machine offers training, what `auto` resolves to, and how long `make pipeline` takes here.
 doctor: install
 	python -m pipelines.doctor
+
+# A team's MLflow server: PostgreSQL and `mlflow server` with proxied artifacts, in .tracking-server/;
+# prints the MLFLOW_TRACKING_URI to use; Ctrl-C stops both. PORT=5000 ARGS="--auth" and so on.
+PORT ?= 5000
+tracking-server: install
+	python -m pipelines.tracking.server --port $(PORT) $(ARGS)
 
 # After editing pyproject.toml: newest releases that satisfy it (Linux x86_64, Python 3.11).
 lock: install

@@ -179,6 +179,7 @@ def test_repo_root_escapes_dvc_temporary_workspaces(monkeypatch, tmp_path):
     assert tracking_store.artifact_location("detection") == (tmp_path / "repo" / "mlartifacts" / "detection").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert tracking_store.tracking_uri() == "http://127.0.0.1:5000"
+    assert tracking_store.artifact_location("detection") is None  # a server keeps and serves them itself
 
 
 def test_importing_tracking_stays_cheap():
@@ -451,6 +452,32 @@ def test_a_call_past_its_deadline_that_succeeds_counts_as_recorded(store, tmp_pa
     assert client.get_run(tracker.run_id).data.metrics["train/loss"] == 1.0
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
     assert not _warnings(caplog)
+
+
+def test_an_artifact_upload_is_granted_time_by_its_size(store, tmp_path, monkeypatch, caplog):
+    """A model upload slower than CALL_TIMEOUT but within its size's bound (ARTIFACT_RATE) is waited on: the
+    tracker stays online; a metric call as slow is not (it goes offline, as above)."""
+    monkeypatch.setattr(tracking_store, "CALL_TIMEOUT", 1.0)
+    tracker = Tracker.start(experiment="upload", params={})
+    model, _ = _files(tmp_path)
+    monkeypatch.setattr(tracking_store, "ARTIFACT_RATE", model.stat().st_size / 4.0)  # this file: 1 + 4 s
+    apply = tracker_module._apply
+
+    def slow_apply(client, run_id, ops):
+        if ops[0].kind in ("artifact", "metrics"):
+            time.sleep(2.0)
+        return apply(client, run_id, ops)
+
+    monkeypatch.setattr(tracker_module, "_apply", slow_apply)
+    tracker.log_artifact(model, "model")
+    assert not tracker.offline
+    tracker.log_metrics({"train/loss": 1.0}, step=1)
+    assert tracker.offline
+    tracker.finish()
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=store[0])
+    assert [a.path for a in client.list_artifacts(tracker.run_id, "model")] == ["model/model_final.pth"]
 
 
 # --- lineage: names and tags -------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Tracking never stops or stalls a stage, never raises for store problems and leav
 that it could end:
 
 * Every store call runs in a worker thread that the stage waits on for at most
-  :data:`CALL_TIMEOUT` seconds (10 s). The call itself is made to end sooner: for HTTP stores the
+  :data:`CALL_TIMEOUT` seconds (10 s), an artifact's upload one second more per :data:`ARTIFACT_RATE`
+  bytes (2 MB: 86 s for a 152 MB checkpoint). The call itself is made to end sooner: for HTTP stores the
   process environment gets ``MLFLOW_HTTP_REQUEST_TIMEOUT=4``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``,
   ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1`` and ``MLFLOW_HTTP_REQUEST_BACKOFF_JITTER=0`` unless the
   user set them (a refused connection then fails at once, a server that never answers after 2 x 4 s;
@@ -32,8 +33,8 @@ that it could end:
   on a failing store keeps ``run_id`` and goes offline (the retry at :meth:`finish` may still record).
 
 Bound: on an unreachable or locked store a stage waits for at most two failed calls, one when it goes
-offline and one in the retry at :meth:`Tracker.finish`, each at most :data:`CALL_TIMEOUT`: 20 s in
-all, whatever the length of the training (plus, once per process, up to :data:`OPEN_TIMEOUT` if
+offline and one in the retry at :meth:`Tracker.finish`, each at most :data:`CALL_TIMEOUT` (an artifact's
+call: its upload bound): 20 s in all without artifacts, whatever the length of the training (plus, once per process, up to :data:`OPEN_TIMEOUT` if
 opening the store hangs rather than fails). Measured on the 2-core development machine with the
 defaults, for start, 5 x log_metrics (35 values), 2 x log_artifact, finish:
 
@@ -65,6 +66,10 @@ log = logging.getLogger("pipelines.tracking")
 
 CALL_TIMEOUT = 10.0
 """Seconds a stage waits on one store call."""
+
+ARTIFACT_RATE = 2e6
+"""Bytes per second an artifact upload is granted on top of :data:`CALL_TIMEOUT` (a model or checkpoint through
+a tracking server on a slow link must not count as a store failure)."""
 
 SQLITE_BUSY_TIMEOUT = 8.0
 """Seconds a SQLite call waits for a locked database before it fails by itself (MLflow's own: 20 s);
@@ -106,7 +111,12 @@ def tracking_uri() -> str:
 _default_tracking_uri = tracking_uri  # close_run's keyword argument shadows the name
 
 
-def artifact_location(experiment: str) -> str:
+def artifact_location(experiment: str, uri: str | None = None) -> str | None:
+    """Where a new experiment's artifacts go: ``<repository root>/mlartifacts/<experiment>`` for a store on
+    this machine (SQLite), None for a tracking server, which then keeps (and serves) them itself, so that
+    clients need neither a shared disk nor storage credentials."""
+    if (uri or tracking_uri()).startswith(("http://", "https://", "databricks")):
+        return None
     return (repo_root() / "mlartifacts" / experiment).as_uri()
 
 

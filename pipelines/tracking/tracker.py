@@ -27,7 +27,14 @@ class _Op:
     args: tuple
     count: int = 1
     name: str = ""
+    size: int = 0  # bytes an artifact uploads
     attempt: store.Attempt | None = field(default=None, repr=False)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds the stage waits on this call: ``store.CALL_TIMEOUT``, and for an artifact also its upload at
+        ``store.ARTIFACT_RATE`` (a 152 MB checkpoint through a tracking server: 86 s)."""
+        return store.CALL_TIMEOUT + self.size / store.ARTIFACT_RATE
 
     @property
     def recorded(self) -> bool:
@@ -159,7 +166,8 @@ class Tracker:
             exp = client.get_experiment_by_name(experiment)
             if exp is None:
                 try:
-                    exp_id = client.create_experiment(experiment, artifact_location=store.artifact_location(experiment))
+                    exp_id = client.create_experiment(
+                        experiment, artifact_location=store.artifact_location(experiment, client.tracking_uri))
                 except mlflow.exceptions.MlflowException:  # created meanwhile by another pipeline
                     exp_id = client.get_experiment_by_name(experiment).experiment_id
             else:
@@ -219,7 +227,9 @@ class Tracker:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         if self.active and self._exists(path):
             name = "/".join(filter(None, [artifact_path, Path(path).name]))
-            self._submit(_Op("artifact", (str(path), artifact_path), name=name))
+            files = [Path(path)] if Path(path).is_file() else [f for f in Path(path).rglob("*") if f.is_file()]
+            size = sum(f.stat().st_size for f in files)
+            self._submit(_Op("artifact", (str(path), artifact_path), name=name, size=size))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.active:
@@ -365,7 +375,7 @@ class Tracker:
                 if not retry:
                     return
                 try:
-                    op.attempt.wait(store.CALL_TIMEOUT)
+                    op.attempt.wait(op.timeout)
                     i += 1
                     continue
                 except store.NoAnswer as err:
@@ -385,7 +395,7 @@ class Tracker:
                 attempt = store.Attempt(lambda c=client, g=group: _apply(c, self.run_id, g))
                 for o in group:
                     o.attempt = attempt
-                attempt.wait(store.CALL_TIMEOUT)
+                attempt.wait(op.timeout)
             except Exception as err:
                 if not self._refused(err, f"the MLflow {op.kind} call", stalled=op):
                     return

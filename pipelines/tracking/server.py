@@ -1,0 +1,357 @@
+"""A shared MLflow tracking server on PostgreSQL, started with one command (docs/team.md).
+
+    python -m pipelines.tracking.server                  # or: make tracking-server; Ctrl-C stops it
+    python -m pipelines.tracking.server --detach         # in the background; then:
+    python -m pipelines.tracking.server stop
+
+Everything it keeps is in ``--folder`` (default ``.tracking-server/``):
+
+* ``postgres/``: a private PostgreSQL cluster (Debian's ``postgresql``, ``initdb`` on first use)
+  listening on a free port of ``--db-host`` (127.0.0.1 unless the database should be reachable from
+  elsewhere), never the system's 5432. Run as root it runs as the ``postgres`` user, as PostgreSQL
+  requires. Its one role, ``mlflow``, has a random password kept in ``pgpass`` (mode 600), which the
+  MLflow server reads through libpq's ``PGPASSFILE``: it is in no URI, command line or log.
+* the ``mlflow`` database; where its schema is older than this MLflow's, ``mlflow db upgrade`` runs
+  before the server starts (and says so).
+* ``artifacts/``: the runs' artifacts, or the ``--artifacts`` destination (an ``s3://`` bucket, with
+  the ``AWS_*`` credentials in the server's environment). The server proxies them
+  (``--serve-artifacts``): clients upload and download models and checkpoints through it and need
+  neither the disk nor storage credentials.
+* ``server.log``: the MLflow server's output; ``server.json``: what runs, for ``stop`` and ``status``.
+
+It prints the URI clients set as ``MLFLOW_TRACKING_URI``. Ctrl-C, SIGTERM or SIGHUP (or ``stop``)
+ends the MLflow server, then PostgreSQL (``pg_ctl stop -m fast``). Errors are one line, ``error: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import TrackingError
+
+ROLE = DATABASE = "mlflow"
+READY_TIMEOUT = 120.0  # seconds for `mlflow server` to answer /health (about 18 s with one worker here)
+STOP_TIMEOUT = 15.0
+
+
+class ServerError(TrackingError):
+    """The tracking server cannot start or stop (one line)."""
+
+
+def pg_command(name: str) -> str:
+    """The path of PostgreSQL's ``name`` (``initdb``, ``pg_ctl``): on ``PATH``, else Debian's newest."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True):
+        if (folder / name).is_file():
+            return str(folder / name)
+    raise ServerError(f"PostgreSQL's {name} not found: install Debian's postgresql (apt-get install postgresql)")
+
+
+def _as_owner(command: list[str]) -> list[str]:
+    """``command`` run as the cluster's owner: ``postgres`` when we are root (PostgreSQL refuses root)."""
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+def _run(command: list[str], what: str, env: dict | None = None) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise ServerError(f"{what} failed: {last[0]}")
+    return done.stdout
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Cluster:
+    """The private PostgreSQL cluster in ``folder/postgres``, its password in ``folder/pgpass``."""
+
+    folder: Path
+    host: str = "127.0.0.1"
+
+    @property
+    def data(self) -> Path:
+        return self.folder / "postgres"
+
+    @property
+    def passfile(self) -> Path:
+        return self.folder / "pgpass"
+
+    def init(self) -> bool:
+        """Create the cluster and its role if there is none; whether it was created."""
+        if (self.data / "PG_VERSION").is_file():
+            return False
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.data.exists():
+            shutil.rmtree(self.data)  # an initdb that did not finish
+        password = secrets.token_urlsafe(24)
+        self.data.mkdir(mode=0o700)
+        pwfile = self.folder / ".initdb-password"  # initdb wants its folder empty
+        pwfile.touch(mode=0o600)
+        pwfile.write_text(password + "\n")
+        if os.geteuid() == 0:
+            for path in (self.data, pwfile):
+                shutil.chown(path, "postgres", "postgres")
+            if subprocess.run(["runuser", "-u", "postgres", "--", "test", "-w", str(self.data)]).returncode:
+                shutil.rmtree(self.data)
+                raise ServerError(f"{self.folder}: the postgres user cannot reach it (a parent folder is private); "
+                                  "choose another --folder")
+        try:
+            _run(_as_owner([pg_command("initdb"), "-D", str(self.data), "-U", ROLE, f"--pwfile={pwfile}",
+                            "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8"]), "initdb")
+        except ServerError:
+            shutil.rmtree(self.data, ignore_errors=True)
+            raise
+        finally:
+            pwfile.unlink(missing_ok=True)
+        tmp = self.passfile.with_suffix(".tmp")
+        tmp.write_text(f"*:*:*:{ROLE}:{password}\n")
+        tmp.chmod(0o600)  # libpq ignores a password file that others can read
+        tmp.replace(self.passfile)
+        return True
+
+    def running_port(self) -> int | None:
+        """The port of this cluster's server if it runs (``postmaster.pid``'s 4th line), else None."""
+        status = subprocess.run(_as_owner([pg_command("pg_ctl"), "-D", str(self.data), "status"]), capture_output=True)
+        if status.returncode:
+            return None
+        lines = (self.data / "postmaster.pid").read_text().splitlines()
+        return int(lines[3])
+
+    def start(self) -> int:
+        """Start the cluster's server (or find it running); its port."""
+        port = self.running_port()
+        if port:
+            return port
+        port = free_port(self.host)
+        options = f"-p {port} -c listen_addresses={self.host} -c unix_socket_directories='{self.data}'"
+        _run(_as_owner([pg_command("pg_ctl"), "-D", str(self.data), "-l", str(self.data / "server.log"), "-w",
+                        "-t", "60", "-o", options, "start"]), f"starting PostgreSQL (log: {self.data / 'server.log'})")
+        return port
+
+    def stop(self) -> None:
+        if self.running_port():
+            _run(_as_owner([pg_command("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]),
+                 "stopping PostgreSQL")
+
+    def uri(self, port: int) -> str:
+        """The SQLAlchemy URI of the ``mlflow`` database (no password: libpq reads ``PGPASSFILE``)."""
+        return f"postgresql+psycopg://{ROLE}@{self.host}:{port}/{DATABASE}"
+
+    def ensure_database(self, port: int) -> None:
+        import psycopg
+
+        with psycopg.connect(host=self.host, port=port, user=ROLE, dbname="postgres", passfile=str(self.passfile),
+                             autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
+                conn.execute(f'CREATE DATABASE "{DATABASE}"')
+
+
+def schema_revision(cluster: Cluster, port: int) -> str | None:
+    """The ``mlflow`` database's alembic revision; None for an empty database (the server creates it)."""
+    import psycopg
+
+    with psycopg.connect(host=cluster.host, port=port, user=ROLE, dbname=DATABASE, passfile=str(cluster.passfile)) as conn:
+        if conn.execute("SELECT to_regclass('alembic_version')").fetchone()[0] is None:
+            return None
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        return row[0] if row else None
+
+
+def head_revision() -> str:
+    """The schema revision this MLflow writes (the head of its migrations)."""
+    import logging
+
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    return ScriptDirectory.from_config(_get_alembic_config("sqlite://")).get_current_head()
+
+
+def _mlflow_command() -> str:
+    local = Path(sys.executable).with_name("mlflow")
+    return str(local) if local.is_file() else (shutil.which("mlflow") or "mlflow")
+
+
+@dataclass
+class Server:
+    """A running tracking server: what ``server.json`` keeps."""
+
+    url: str
+    pid: int
+    postgres_port: int
+    artifacts: str
+
+    def describe(self) -> str:
+        return (f"MLflow tracking server at {self.url} (PostgreSQL on port {self.postgres_port}, artifacts in "
+                f"{self.artifacts}); clients: export MLFLOW_TRACKING_URI={self.url}")
+
+
+def _healthy(url: str) -> bool:
+    with contextlib.suppress(OSError, urllib.error.URLError):
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+            return answer.status == 200
+    return False
+
+
+def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts: str | None = None,
+          auth: bool = False, db_host: str = "127.0.0.1", say=print) -> tuple[Server, subprocess.Popen]:
+    """Start PostgreSQL and ``mlflow server`` on it; the server and its process (in a session of its own)."""
+    folder = folder.resolve()
+    state = folder / "server.json"
+    if state.is_file() and (running := json.loads(state.read_text())) and _alive(running["pid"]):
+        raise ServerError(f"{folder}: a tracking server runs already (pid {running['pid']}, {running['url']}); "
+                          f"stop it first: python -m pipelines.tracking.server stop --folder {folder}")
+    with socket.socket() as s:
+        if s.connect_ex((host, port)) == 0:
+            raise ServerError(f"--port {port}: something already listens on {host}:{port}; choose another port")
+    cluster = Cluster(folder, db_host)
+    if cluster.init():
+        say(f"created a PostgreSQL cluster in {cluster.data}")
+    pg_port = cluster.start()
+    try:
+        cluster.ensure_database(pg_port)
+        env = {**os.environ, "PGPASSFILE": str(cluster.passfile), "MLFLOW_BACKEND_STORE_URI": cluster.uri(pg_port)}
+        revision, head = schema_revision(cluster, pg_port), head_revision()
+        if revision is not None and revision != head:
+            say(f"upgrading the MLflow schema from {revision} to {head} (mlflow db upgrade)")
+            _run([_mlflow_command(), "db", "upgrade", cluster.uri(pg_port)], "mlflow db upgrade", env)
+        destination = artifacts or (folder / "artifacts").as_uri()
+        command = [_mlflow_command(), "server", "--host", host, "--port", str(port), "--workers", "1",
+                   "--serve-artifacts", "--artifacts-destination", destination]
+        if auth:
+            command += ["--app-name", "basic-auth"]
+        with open(folder / "server.log", "ab") as log:
+            process = subprocess.Popen(command, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        url = f"http://{host}:{port}"
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not _healthy(url):
+            if process.poll() is not None:
+                tail = (folder / "server.log").read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                raise ServerError(f"mlflow server exited with {process.returncode}: {tail[0]} "
+                                  f"(log: {folder / 'server.log'})")
+            if time.monotonic() > deadline:
+                _end(process.pid)
+                raise ServerError(f"mlflow server did not answer {url}/health within {READY_TIMEOUT:.0f} s "
+                                  f"(log: {folder / 'server.log'})")
+            time.sleep(0.5)
+    except BaseException:
+        cluster.stop()
+        raise
+    server = Server(url=url, pid=process.pid, postgres_port=pg_port, artifacts=destination)
+    state.write_text(json.dumps(vars(server), indent=1) + "\n")
+    return server, process
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie (exited, not yet reaped) has ended
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _end(pid: int) -> None:
+    """SIGTERM the server's process group, SIGKILL what is left after ``STOP_TIMEOUT``."""
+    for signum, wait in ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signum)
+        deadline = time.monotonic() + wait
+        while _alive(pid) and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.2)
+        if not _alive(pid):
+            return
+
+
+def stop(folder: Path) -> bool:
+    """Stop the MLflow server and PostgreSQL of ``folder``; whether anything ran."""
+    folder = folder.resolve()
+    state = folder / "server.json"
+    ran = False
+    if state.is_file():
+        running = json.loads(state.read_text())
+        if _alive(running["pid"]):
+            _end(running["pid"])
+            ran = True
+        state.unlink()
+    cluster = Cluster(folder)
+    if (cluster.data / "PG_VERSION").is_file() and cluster.running_port():
+        cluster.stop()
+        ran = True
+    return ran
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="docs/team.md")
+    parser.add_argument("action", nargs="?", choices=("start", "stop", "status"), default="start")
+    parser.add_argument("--folder", type=Path, default=Path(".tracking-server"), help="the server's data (default %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="the address the MLflow server listens on (0.0.0.0: all)")
+    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--artifacts", help="where artifacts go (default FOLDER/artifacts; s3://bucket/prefix)")
+    parser.add_argument("--auth", action="store_true", help="MLflow's basic-auth app (docs/team.md)")
+    parser.add_argument("--detach", action="store_true", help="start it in the background and return")
+    args = parser.parse_args(argv)
+    if args.action == "stop":
+        print("stopped" if stop(args.folder) else f"{args.folder}: no tracking server runs")
+        return
+    if args.action == "status":
+        state = args.folder.resolve() / "server.json"
+        running = json.loads(state.read_text()) if state.is_file() else None
+        if running and _alive(running["pid"]):
+            print(Server(**running).describe())
+        else:
+            print(f"{args.folder}: no tracking server runs")
+            raise SystemExit(1)
+        return
+    stopping = []
+    handlers = {s: signal.signal(s, lambda signum, frame: stopping.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts, auth=args.auth)
+    print(server.describe(), flush=True)
+    if args.detach:
+        return
+    print("Ctrl-C stops it.", flush=True)
+    while not stopping and process.poll() is None:
+        time.sleep(0.5)
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    code = process.poll()
+    stop(args.folder)
+    if code is not None and not stopping:
+        raise ServerError(f"mlflow server exited with {code} (log: {args.folder / 'server.log'})")
+    print("stopped")
+
+
+if __name__ == "__main__":
+    from .. import cli
+
+    cli.run(main)

@@ -1,0 +1,120 @@
+"""The shared tracking server (``python -m pipelines.tracking.server``): a private PostgreSQL cluster and
+``mlflow server`` with proxied artifacts, started and stopped by one command, as a team would run it.
+Skipped where PostgreSQL is not installed."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.tracking import server as tracking_server
+from pipelines.tracking.tracker import Tracker
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+try:
+    tracking_server.pg_command("initdb")
+except tracking_server.ServerError:
+    pytest.skip("PostgreSQL is not installed (apt-get install postgresql)", allow_module_level=True)
+
+
+def _server(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "pipelines.tracking.server", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def folder():
+    # not under pytest's tmp_path: run as root, PostgreSQL runs as `postgres`, which must reach the folder
+    base = Path(tempfile.mkdtemp(prefix="tracking-server-"))
+    base.chmod(0o755)
+    yield base / "server"
+    tracking_server.stop(base / "server")
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def running(folder):
+    port = tracking_server.free_port()
+    started = _server("--folder", str(folder), "--port", str(port), "--detach")
+    assert started.returncode == 0, started.stderr
+    assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{port}" in started.stdout
+    return json.loads((folder / "server.json").read_text())
+
+
+def test_runs_go_to_postgresql_and_artifacts_through_the_server(running, folder, tmp_path, monkeypatch):
+    import mlflow
+    import psycopg
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", running["url"])
+    tracker = Tracker.start(experiment="team", params={"train.base_lr": 0.001})
+    model = tmp_path / "model_final.pth"
+    model.write_bytes(os.urandom(1 << 20))
+    tracker.log_metrics({"train/loss": 0.5}, step=3)
+    tracker.log_artifact(model, "model")
+    tracker.finish()
+    assert not tracker.offline
+    client = mlflow.MlflowClient(running["url"])
+    assert client.get_experiment_by_name("team").artifact_location.startswith("mlflow-artifacts:")  # the server's
+    assert client.get_run(tracker.run_id).data.metrics["train/loss"] == 0.5
+    stored = list((folder / "artifacts").rglob("model_final.pth"))
+    assert len(stored) == 1 and stored[0].read_bytes() == model.read_bytes()  # uploaded through the server
+    with psycopg.connect(host="127.0.0.1", port=running["postgres_port"], user="mlflow", dbname="mlflow",
+                         passfile=str(folder / "pgpass")) as conn:
+        assert conn.execute("SELECT status FROM runs WHERE run_uuid = %s", (tracker.run_id,)).fetchone() == ("FINISHED",)
+
+
+def test_the_database_password_is_in_no_command_line_state_or_log(running, folder):
+    password = (folder / "pgpass").read_text().strip().rsplit(":", 1)[1]
+    assert oct((folder / "pgpass").stat().st_mode & 0o777) == "0o600"
+    assert password not in Path(f"/proc/{running['pid']}/cmdline").read_text()
+    for path in (folder / "server.json", folder / "server.log", folder / "postgres" / "server.log"):
+        assert password not in path.read_text(errors="replace")
+
+
+def test_a_second_server_on_the_folder_or_port_is_a_one_line_error(running, folder):
+    again = _server("--folder", str(folder), "--port", str(tracking_server.free_port()), "--detach")
+    assert again.returncode == 2 and again.stderr.startswith("error: ") and "runs already" in again.stderr
+    taken = _server("--folder", str(folder) + "-other", "--port", running["url"].rsplit(":", 1)[1], "--detach")
+    assert taken.returncode == 2 and "something already listens" in taken.stderr and len(taken.stderr.splitlines()) == 1
+
+
+def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(running, folder):
+    stopped = _server("stop", "--folder", str(folder))
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    assert not _listening(int(running["url"].rsplit(":", 1)[1])) and not _listening(running["postgres_port"])
+    assert _server("status", "--folder", str(folder)).returncode == 1
+
+    port = tracking_server.free_port()
+    process = subprocess.Popen([sys.executable, "-m", "pipelines.tracking.server", "--folder", str(folder),
+                                "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (folder / "server.json").is_file() or not _listening(port):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.poll() else ""
+        time.sleep(0.5)
+    state = json.loads((folder / "server.json").read_text())
+    import mlflow
+
+    client = mlflow.MlflowClient(state["url"])
+    assert client.get_experiment_by_name("team") is not None  # the same database, kept across restarts
+    process.send_signal(signal.SIGTERM)  # the process this test started, by its pid
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "created a PostgreSQL cluster" not in out and out.rstrip().endswith("stopped")
+    assert not _listening(port) and not _listening(state["postgres_port"])
+    assert not (folder / "server.json").exists()
