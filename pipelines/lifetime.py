@@ -48,6 +48,28 @@ def alive(pid: int) -> bool:
     return _stat(pid)[1] != "Z" if sys.platform.startswith("linux") else True
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of ``host`` that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def end_group(pid: int, *, grace_s: float = 15.0) -> None:
+    """End the process group that ``pid`` leads (a server started with ``start_new_session``): SIGTERM, then
+    SIGKILL what is left after ``grace_s``; returns once ``pid`` is gone (reaped if it is our child)."""
+    for signum, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signum)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not alive(pid):
+                return
+            time.sleep(0.2)
+
+
 def _stat(pid: int) -> tuple[str, str, int]:
     """``(command name, state, parent pid)`` of ``pid`` from ``/proc`` (Linux)."""
     try:

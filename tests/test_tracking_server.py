@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.lifetime import free_port
 from pipelines.tracking import server as tracking_server
 from pipelines.tracking.tracker import Tracker
 
@@ -50,7 +51,7 @@ def folder():
 
 @pytest.fixture(scope="module")
 def running(folder):
-    port = tracking_server.free_port()
+    port = free_port()
     started = _server("--folder", str(folder), "--port", str(port), "--detach")
     assert started.returncode == 0, started.stderr
     assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{port}" in started.stdout
@@ -88,7 +89,7 @@ def test_the_database_password_is_in_no_command_line_state_or_log(running, folde
 
 
 def test_a_second_server_on_the_folder_or_port_is_a_one_line_error(running, folder):
-    again = _server("--folder", str(folder), "--port", str(tracking_server.free_port()), "--detach")
+    again = _server("--folder", str(folder), "--port", str(free_port()), "--detach")
     assert again.returncode == 2 and again.stderr.startswith("error: ") and "runs already" in again.stderr
     taken = _server("--folder", str(folder) + "-other", "--port", running["url"].rsplit(":", 1)[1], "--detach")
     assert taken.returncode == 2 and "something already listens" in taken.stderr and len(taken.stderr.splitlines()) == 1
@@ -100,7 +101,7 @@ def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(
     assert not _listening(int(running["url"].rsplit(":", 1)[1])) and not _listening(running["postgres_port"])
     assert _server("status", "--folder", str(folder)).returncode == 1
 
-    port = tracking_server.free_port()
+    port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "pipelines.tracking.server", "--folder", str(folder),
                                 "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180

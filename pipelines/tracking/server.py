@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TrackingError
+from ..lifetime import alive, end_group, free_port
 
 ROLE = DATABASE = "mlflow"
 READY_TIMEOUT = 120.0  # seconds for `mlflow server` to answer /health (about 18 s with one worker here)
@@ -74,12 +75,6 @@ def _run(command: list[str], what: str, env: dict | None = None) -> str:
         last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
         raise ServerError(f"{what} failed: {last[0]}")
     return done.stdout
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -221,7 +216,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
     """Start PostgreSQL and ``mlflow server`` on it; the server and its process (in a session of its own)."""
     folder = folder.resolve()
     state = folder / "server.json"
-    if state.is_file() and (running := json.loads(state.read_text())) and _alive(running["pid"]):
+    if state.is_file() and (running := json.loads(state.read_text())) and alive(running["pid"]):
         raise ServerError(f"{folder}: a tracking server runs already (pid {running['pid']}, {running['url']}); "
                           f"stop it first: python -m pipelines.tracking.server stop --folder {folder}")
     with socket.socket() as s:
@@ -254,7 +249,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
                 raise ServerError(f"mlflow server exited with {process.returncode}: {tail[0]} "
                                   f"(log: {folder / 'server.log'})")
             if time.monotonic() > deadline:
-                _end(process.pid)
+                end_group(process.pid, grace_s=STOP_TIMEOUT)
                 raise ServerError(f"mlflow server did not answer {url}/health within {READY_TIMEOUT:.0f} s "
                                   f"(log: {folder / 'server.log'})")
             time.sleep(0.5)
@@ -266,32 +261,6 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
     return server, process
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):  # a zombie (exited, not yet reaped) has ended
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
-def _end(pid: int) -> None:
-    """SIGTERM the server's process group, SIGKILL what is left after ``STOP_TIMEOUT``."""
-    for signum, wait in ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signum)
-        deadline = time.monotonic() + wait
-        while _alive(pid) and time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.2)
-        if not _alive(pid):
-            return
-
-
 def stop(folder: Path) -> bool:
     """Stop the MLflow server and PostgreSQL of ``folder``; whether anything ran."""
     folder = folder.resolve()
@@ -299,8 +268,8 @@ def stop(folder: Path) -> bool:
     ran = False
     if state.is_file():
         running = json.loads(state.read_text())
-        if _alive(running["pid"]):
-            _end(running["pid"])
+        if alive(running["pid"]):
+            end_group(running["pid"], grace_s=STOP_TIMEOUT)
             ran = True
         state.unlink()
     cluster = Cluster(folder)
@@ -326,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.action == "status":
         state = args.folder.resolve() / "server.json"
         running = json.loads(state.read_text()) if state.is_file() else None
-        if running and _alive(running["pid"]):
+        if running and alive(running["pid"]):
             print(Server(**running).describe())
         else:
             print(f"{args.folder}: no tracking server runs")
