@@ -153,13 +153,13 @@ class Cluster:
         """The SQLAlchemy URI of the ``mlflow`` database (no password: libpq reads ``PGPASSFILE``)."""
         return f"postgresql+psycopg://{ROLE}@{self.host}:{port}/{DATABASE}"
 
-    def ensure_database(self, port: int) -> None:
+    def ensure_database(self, port: int, name: str = DATABASE) -> None:
         import psycopg
 
         with psycopg.connect(host=self.host, port=port, user=ROLE, dbname="postgres", passfile=str(self.passfile),
                              autocommit=True) as conn:
-            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
-                conn.execute(f'CREATE DATABASE "{DATABASE}"')
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+                conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def schema_revision(cluster: Cluster, port: int) -> str | None:
@@ -177,12 +177,69 @@ def head_revision() -> str:
     """The schema revision this MLflow writes (the head of its migrations)."""
     import logging
 
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     from alembic.script import ScriptDirectory
     from mlflow.store.db.utils import _get_alembic_config
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-
     return ScriptDirectory.from_config(_get_alembic_config("sqlite://")).get_current_head()
+
+
+AUTH_DATABASE = "mlflow_auth"
+ADMIN = "admin"
+
+
+def _secret(path: Path) -> str:
+    """The secret kept in ``path`` (mode 600), made on first use."""
+    if not path.is_file():
+        tmp = path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_text(secrets.token_hex(16))
+        tmp.replace(path)
+    return path.read_text().strip()
+
+
+def _auth_environment(cluster: Cluster, port: int) -> dict[str, str]:
+    """The basic-auth app's settings: its users in the ``mlflow_auth`` database, new users READ by default,
+    the admin's password from ``FOLDER/admin-password`` (through the environment, never a file it reads)."""
+    cluster.ensure_database(port, AUTH_DATABASE)
+    config = cluster.folder / "basic_auth.ini"
+    config.write_text("[mlflow]\ndefault_permission = READ\n"
+                      f"database_uri = postgresql+psycopg://{ROLE}@{cluster.host}:{port}/{AUTH_DATABASE}\n"
+                      f"admin_username = {ADMIN}\n"
+                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_AUTH_ADMIN_PASSWORD": _secret(cluster.folder / "admin-password"),
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(cluster.folder / "flask-secret")}  # its CSRF protection
+
+
+def add_user(folder: Path, name: str, *, experiment: str) -> str:
+    """Create user ``name`` on the running server of ``folder`` (with auth) and give it EDIT on ``experiment``
+    (created if missing); its new password, or "" for a user that existed (its permission is granted)."""
+    folder = folder.resolve()
+    state = folder / "server.json"
+    running = json.loads(state.read_text()) if state.is_file() else None
+    if not running or not alive(running["pid"]):
+        raise ServerError(f"{folder}: no tracking server runs; start it with --auth first")
+    if not running.get("auth"):
+        raise ServerError(f"{folder}: its server runs without --auth: every client may write already")
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.server.auth.client import AuthServiceClient
+
+    os.environ.update({"MLFLOW_TRACKING_USERNAME": ADMIN,
+                       "MLFLOW_TRACKING_PASSWORD": _secret(folder / "admin-password")})
+    admin = mlflow.MlflowClient(running["url"])
+    found = admin.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else admin.create_experiment(experiment)
+    users = AuthServiceClient(running["url"])
+    password = secrets.token_hex(12)
+    try:
+        users.create_user(name, password)
+    except MlflowException as err:
+        if "already exists" not in str(err):
+            raise ServerError(f"creating user {name!r}: {err.message}") from None
+        password = ""
+    users.grant_user_permission(name, "experiment", experiment_id, "EDIT")
+    return password
 
 
 def _mlflow_command() -> str:
@@ -198,6 +255,7 @@ class Server:
     pid: int
     postgres_port: int
     artifacts: str
+    auth: bool = False
 
     def describe(self) -> str:
         return (f"MLflow tracking server at {self.url} (PostgreSQL on port {self.postgres_port}, artifacts in "
@@ -233,6 +291,8 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         if revision is not None and revision != head:
             say(f"upgrading the MLflow schema from {revision} to {head} (mlflow db upgrade)")
             _run([_mlflow_command(), "db", "upgrade", cluster.uri(pg_port)], "mlflow db upgrade", env)
+        if auth:
+            env.update(_auth_environment(cluster, pg_port))
         destination = artifacts or (folder / "artifacts").as_uri()
         command = [_mlflow_command(), "server", "--host", host, "--port", str(port), "--workers", "1",
                    "--serve-artifacts", "--artifacts-destination", destination]
@@ -245,8 +305,9 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         deadline = time.monotonic() + READY_TIMEOUT
         while not _healthy(url):
             if process.poll() is not None:
-                tail = (folder / "server.log").read_text(errors="replace").strip().splitlines()[-1:] or [""]
-                raise ServerError(f"mlflow server exited with {process.returncode}: {tail[0]} "
+                lines = (folder / "server.log").read_text(errors="replace").strip().splitlines() or [""]
+                cause = [line for line in lines if "Error:" in line or "Exception:" in line][-1:] or lines[-1:]
+                raise ServerError(f"mlflow server exited with {process.returncode}: {cause[0].strip()} "
                                   f"(log: {folder / 'server.log'})")
             if time.monotonic() > deadline:
                 end_group(process.pid, grace_s=STOP_TIMEOUT)
@@ -256,7 +317,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
     except BaseException:
         cluster.stop()
         raise
-    server = Server(url=url, pid=process.pid, postgres_port=pg_port, artifacts=destination)
+    server = Server(url=url, pid=process.pid, postgres_port=pg_port, artifacts=destination, auth=auth)
     state.write_text(json.dumps(vars(server), indent=1) + "\n")
     return server, process
 
@@ -281,7 +342,10 @@ def stop(folder: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="docs/team.md")
-    parser.add_argument("action", nargs="?", choices=("start", "stop", "status"), default="start")
+    parser.add_argument("action", nargs="?", choices=("start", "stop", "status", "user"), default="start",
+                        help="user NAME: a user of the --auth server with EDIT on --experiment")
+    parser.add_argument("name", nargs="?", help="the user's name (action user)")
+    parser.add_argument("--experiment", default="detection", help="the experiment a new user may edit (%(default)s)")
     parser.add_argument("--folder", type=Path, default=Path(".tracking-server"), help="the server's data (default %(default)s)")
     parser.add_argument("--host", default="127.0.0.1", help="the address the MLflow server listens on (0.0.0.0: all)")
     parser.add_argument("--port", type=int, default=5000)
@@ -291,6 +355,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.action == "stop":
         print("stopped" if stop(args.folder) else f"{args.folder}: no tracking server runs")
+        return
+    if args.action == "user":
+        if not args.name:
+            parser.error("user: give the user's name")
+        password = add_user(args.folder, args.name, experiment=args.experiment)
+        given = f"password {password}" if password else "its password unchanged"
+        print(f"user {args.name} ({given}) may edit experiment {args.experiment!r}; they set "
+              f"MLFLOW_TRACKING_USERNAME={args.name} and MLFLOW_TRACKING_PASSWORD in their environment")
         return
     if args.action == "status":
         state = args.folder.resolve() / "server.json"

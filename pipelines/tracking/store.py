@@ -221,6 +221,15 @@ def rejected(err: BaseException) -> bool:
     return 400 <= status < 500 and status not in (401, 403, 408, 429)  # not credentials, timeouts, rate limits
 
 
+def refused_credentials(err: BaseException) -> bool:
+    """The store answered 401 or 403: no, wrong or insufficient credentials (a tracking server with auth)."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(err, MlflowException):
+        return False
+    return err.get_http_status_code() in (401, 403) or bool(re.search(r"error code 40[13]\b", str(err)))
+
+
 def reason(err: BaseException) -> str:
     """What is wrong with the store, in a few words, for the warning."""
     text = str(err)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import first_line
+from ..errors import TrackingError, first_line
 from . import lineage, store
 
 log = logging.getLogger("pipelines.tracking")
@@ -137,7 +137,13 @@ class Tracker:
         """Create the run with params (dotted keys) and tags: git commit, DVC experiment name and
         baseline (when DVC sets ``DVC_EXP_NAME``, ``DVC_EXP_BASELINE_REV``), then ``tags``.
 
-        If the store fails, the returned tracker is offline with ``run_id`` None and a warning says so."""
+        If the store fails, the returned tracker is offline with ``run_id`` None and a warning says so.
+
+        Raises:
+            TrackingError: the store refused the credentials (HTTP 401 or 403): the one store failure that
+                stops the stage, at its start, since running untracked under a wrong identity would lose
+                the team's record silently.
+        """
         tracker = cls()
         all_tags = {**lineage.environment_tags(store.repo_root()), **(tags or {})}
         name = run_name or os.environ.get("DVC_EXP_NAME")
@@ -145,6 +151,12 @@ class Tracker:
             client = tracker._get_client()
             tracker.run_id, tracker.experiment_id = cls._create_run(client, experiment, name, all_tags)
         except Exception as err:
+            if store.refused_credentials(err):
+                user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+                who = f"user {user!r}" if user else "no user (MLFLOW_TRACKING_USERNAME is not set)"
+                raise TrackingError(f"MLflow store {tracker.uri} refused {who}: set MLFLOW_TRACKING_USERNAME and "
+                                    f"MLFLOW_TRACKING_PASSWORD to a user with EDIT on experiment {experiment!r} "
+                                    "(docs/team.md)") from None
             tracker._offline, tracker._error = True, err
             log.debug("creating the MLflow run failed", exc_info=True)
             log.warning("MLflow store %s %s: this run is not tracked (no MLflow run was created; its params, "
