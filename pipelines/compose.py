@@ -4,6 +4,10 @@
 optional Hydra overrides such as ``model=fcos_r50``) or use ``dvc exp run -S ...``. The result is
 validated as every stage validates ``params.yaml`` and written only if valid, in one rename: a failed
 compose leaves the previous file as it was. Errors are one line, ``error: ...``, exit code 2.
+
+``--edit KEY=VALUE ...`` changes the current ``params.yaml`` instead of composing ``conf/``: for a
+change on top of an applied experiment (``dvc exp apply``), whose own overrides a new composition
+would lose (docs/team.md); then ``dvc repro`` re-runs what the change affects.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import re
 import tempfile
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from . import cli
-from .config import params_from_text, parse_yaml, read_yaml_text
+from .config import params_from_text, parse_yaml, read_yaml_text, with_overrides
 from .errors import ConfigError, OutputError
 from .fileio import atomic_file
 
@@ -70,9 +76,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=fcos_r50 train.base_lr=0.002")
     parser.add_argument("--out", default="params.yaml", type=Path)
+    parser.add_argument("--edit", action="store_true",
+                        help="set KEY=VALUE in the current --out instead of composing conf/ (an applied experiment)")
     args = parser.parse_args(argv)
-    text = compose_params(".", args.overrides)
-    params_from_text(text, source=f"{args.out} (composed from conf/)")
+    if args.edit:
+        if not args.out.is_file():
+            raise ConfigError(f"{args.out}: file not found (nothing to edit)")
+        text = OmegaConf.to_yaml(with_overrides(read_yaml_text(args.out), source=str(args.out), overrides=args.overrides))
+        params_from_text(text, source=str(args.out))
+    else:
+        text = compose_params(".", args.overrides)
+        params_from_text(text, source=f"{args.out} (composed from conf/)")
     try:
         with atomic_file(args.out) as tmp:
             tmp.write_text(text)

@@ -318,6 +318,13 @@ def params_from_text(text: str, *, source: str, world_size: int | None = None,
                      overrides: Sequence[str] = ()) -> Params:
     """Validate the YAML ``text`` of a params file (as :func:`load_params` does); ``source`` names it in
     messages."""
+    raw = with_overrides(text, source=source, overrides=overrides)
+    return params_from_dict(OmegaConf.to_container(raw), source=source, world_size=world_size)
+
+
+def with_overrides(text: str, *, source: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """The YAML ``text`` of a params file with ``KEY=VALUE`` settings (dotted keys it has, YAML values)
+    applied, unvalidated."""
     raw = parse_yaml(text, source)
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"{source}: expected a mapping of sections at the top level")
@@ -326,7 +333,7 @@ def params_from_text(text: str, *, source: str, world_size: int | None = None,
         if not sep or OmegaConf.select(raw, dotted, default=_ABSENT) is _ABSENT:
             raise ConfigError(f"{source}: override {override!r}: expected KEY=VALUE for a key the file has")
         OmegaConf.update(raw, dotted, yaml.safe_load(value) if value else None, merge=False)
-    return params_from_dict(OmegaConf.to_container(raw), source=source, world_size=world_size)
+    return raw
 
 
 def read_yaml_text(path: Path) -> str:

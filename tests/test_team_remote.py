@@ -1,8 +1,10 @@
 """A DVC remote on a real S3 server (SeaweedFS, ``python -m pipelines.s3server``): ``dvc push`` from one
 clone, ``dvc pull`` into a fresh one, where nothing re-runs and the metrics are the same; the
-credentials stay in ``.dvc/config.local``."""
+credentials stay in ``.dvc/config.local``. An experiment handed over with ``dvc exp push`` / ``dvc exp
+pull`` through a bare git remote, then evaluated again by the colleague without retraining."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,8 +19,9 @@ from .test_pipeline import TINY, _copy_repo, _env, _repro
 pytestmark = pytest.mark.slow
 
 
-def _run(cwd, *command, ok=True, timeout=600):
-    done = subprocess.run(list(command), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+def _run(cwd, *command, ok=True, timeout=600, env=None):
+    done = subprocess.run(list(command), cwd=cwd, env={**_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
     if ok:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
@@ -78,3 +81,55 @@ def test_push_then_pull_into_a_fresh_clone_runs_nothing_again(server, tmp_path):
     assert shown[0][""]["data"]["metrics/eval.json"] == shown[1][""]["data"]["metrics/eval.json"]
     assert (second / "outputs/train/model_final.pth").read_bytes() == (first / "outputs/train/model_final.pth").read_bytes()
     shutil.rmtree(second / ".dvc" / "cache")
+
+
+def test_an_experiment_moves_to_a_colleague_who_evaluates_it_again_without_retraining(server, tmp_path):
+    """Alice runs an experiment and pushes it (git refs to a bare repository, outputs to the S3 remote); Bob,
+    in a clone of his own, lists it, pulls and applies it, changes an evaluate param on top of it and
+    reproduces: only evaluate runs, and its MLflow run (one store for both, as a team's server is) links
+    to Alice's training run."""
+    import mlflow
+
+    _, commands = server
+    store = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'team.db'}"}
+    origin = tmp_path / "origin.git"
+    _run(tmp_path, "git", "init", "-q", "--bare", "-b", "main", str(origin))
+    alice = tmp_path / "alice"
+    alice.mkdir()
+    _copy_repo(alice)
+    _run(alice, sys.executable, "-m", "pipelines.compose", *TINY)
+    _use_remote(alice, commands, "handover")
+    _commit(alice, "tiny params, remote")
+    _run(alice, "git", "remote", "add", "origin", str(origin))
+    _run(alice, "git", "push", "-q", "origin", "HEAD:main")
+    overrides = [a for o in TINY for a in ("-S", o)]
+    _run(alice, "dvc", "exp", "run", "-n", "lr2", *overrides, "-S", "train.base_lr=0.002", env=store, timeout=900)
+    _run(alice, "dvc", "exp", "push", "origin", "lr2")
+    training = json.loads(_run(alice, "dvc", "exp", "show", "--json", env=store).stdout)
+    assert training  # the experiment exists on Alice's side
+
+    bob = tmp_path / "bob"
+    _run(tmp_path, "git", "clone", "-q", str(origin), str(bob))
+    for command in commands:
+        if "--local" in command:
+            _run(bob, *command.split())
+    assert "lr2" in _run(bob, "dvc", "exp", "list", "origin").stdout
+    _run(bob, "dvc", "exp", "pull", "origin", "lr2")
+    # a branch of his own (`dvc exp apply` would do the same but exit with an error over the search
+    # pipeline's outputs, which never existed), then the default pipeline's outputs
+    _run(bob, "dvc", "exp", "branch", "lr2", "lr2")
+    _run(bob, "git", "checkout", "-q", "lr2")
+    _run(bob, "dvc", "checkout", "dvc.yaml")
+    assert "up to date" in _run(bob, "dvc", "status", "dvc.yaml").stdout  # its outputs came from the remote
+    trained = json.loads((bob / "outputs/train/run.json").read_text())["run_id"]
+    # `dvc exp run -S` would recompose params.yaml from conf/ and lose lr2's own overrides: edit it instead
+    _run(bob, sys.executable, "-m", "pipelines.compose", "--edit", "evaluate.backend=pycocotools")
+    ran = _run(bob, "dvc", "repro", env=store, timeout=900).stdout
+    assert set(re.findall(r"Running stage '(\w+)'", ran)) == {"evaluate"}
+    _commit(bob, "lr2, scored with pycocotools")  # on his branch; `dvc push` would share its outputs
+    assert "up to date" in _run(bob, "dvc", "status", "dvc.yaml").stdout
+    client = mlflow.MlflowClient(store["MLFLOW_TRACKING_URI"])
+    (evaluation,) = client.search_runs([client.get_experiment_by_name("detection").experiment_id],
+                                       "tags.`pipeline.stage` = 'evaluate' and params.`evaluate.backend` = 'pycocotools'")
+    assert evaluation.data.tags["training_run_id"] == trained
+    assert client.get_run(trained).data.params["train.base_lr"] == "0.002"  # Alice's training run
