@@ -1002,6 +1002,24 @@ def test_compose_errors_are_one_line_and_write_nothing(tmp_path, overrides, expe
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # no temporary file left
 
 
+@pytest.mark.parametrize("setting, expected", [
+    ("evaluate.nope=1", "error: {out}: override 'evaluate.nope=1': expected KEY=VALUE for a key the file has"),
+    ("train.base_lr=-1", "error: {out}: train.base_lr: expected a learning rate > 0, got -1.0"),
+], ids=["unknown-key", "bad-value"])
+def test_compose_edit_changes_one_key_of_the_current_file_or_nothing(tmp_path, setting, expected):
+    out = tmp_path / "params.yaml"
+    out.write_text((REPO / "params.yaml").read_text())
+    command = [sys.executable, "-m", "pipelines.compose", "--edit", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([*command, setting], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [expected.format(out=out)])
+    assert out.read_text() == (REPO / "params.yaml").read_text()
+    done = subprocess.run([*command, "evaluate.tta=false"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    before, after = (REPO / "params.yaml").read_text().splitlines(), out.read_text().splitlines()
+    assert [(a, b) for a, b in zip(before, after) if a != b] == [("  tta: true", "  tta: false")] and len(before) == len(after)
+
+
 # --- processes and state: special files where the stages keep their own state, a full disk mid-log ---
 
 
