@@ -422,6 +422,38 @@ def test_a_lock_released_before_finish_loses_nothing(store, lock_store, fast, tm
     assert not _warnings(caplog)
 
 
+def test_an_offline_tracker_comes_back_at_a_log_once_the_store_answers_again(store, lock_store, fast, monkeypatch,
+                                                                            caplog):
+    """A store back during the run (a database restarted under a tracking server) gets what was kept at the
+    next log after RECONNECT_INTERVAL, not only when the stage ends; while it still fails, a log costs
+    nothing between those attempts."""
+    import mlflow
+
+    uri, _ = store
+    monkeypatch.setattr(tracking_store, "RECONNECT_INTERVAL", 2.0)
+    tracker = Tracker.start(experiment="restarted", params={"a": 1})
+    lock_store.lock()
+    tracker.log_metrics({"train/loss": 1.0}, step=1)  # waits, fails, goes offline
+    assert tracker.offline
+    start = time.monotonic()
+    tracker.log_metrics({"train/loss": 0.9}, step=2)  # before the interval: kept at once, no call
+    assert time.monotonic() - start < 0.5
+    time.sleep(2.0)
+    tracker.log_metrics({"train/loss": 0.8}, step=3)  # an attempt: fails again (one call), stays offline
+    assert tracker.offline
+    lock_store.unlock()
+    tracker.log_metrics({"train/loss": 0.7}, step=4)  # within the interval of the last attempt: kept
+    assert tracker.offline
+    time.sleep(2.0)
+    with caplog.at_level(logging.INFO, logger="pipelines.tracking"):
+        tracker.log_metrics({"train/loss": 0.6}, step=5)
+    assert not tracker.offline and "tracking is back online" in caplog.text
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    assert sorted(m.step for m in client.get_metric_history(tracker.run_id, "train/loss")) == [1, 2, 3, 4, 5]
+    tracker.finish()
+    assert _run(uri, tracker.run_id).info.status == "FINISHED" and not _warnings(caplog)
+
+
 def test_a_call_past_its_deadline_that_succeeds_counts_as_recorded(store, tmp_path, monkeypatch, caplog):
     """A slow call (a big upload) is not waited on past CALL_TIMEOUT; when it then succeeds the tracker
     goes back online and nothing is reported lost."""

@@ -22,7 +22,9 @@ that it could end:
   hung mount, a slow upload) is left to end in the background; if it then succeeds, it counts as
   recorded and the tracker is back online.
 * The first failing call puts the tracker offline: it and every later call are kept in memory
-  without touching the store. :meth:`~pipelines.tracking.tracker.Tracker.finish` retries what was kept once, in order, stopping
+  without touching the store, except that at most once per :data:`RECONNECT_INTERVAL` (60 s) a log
+  sends what was kept, in order; if that succeeds the tracker is back online (a store restarted, a
+  database restarted under a tracking server). :meth:`~pipelines.tracking.tracker.Tracker.finish` retries what was kept once, in order, stopping
   at the first failure, then logs ONE warning naming what was not recorded, e.g.
   ``MLflow store http://127.0.0.1:9 unreachable: 35 metric values, 2 artifacts (model/model_final.pth,
   train_log.csv) and the run status FINISHED were not recorded (run 1f2e...)``. Going offline is
@@ -34,7 +36,8 @@ that it could end:
 
 Bound: on an unreachable or locked store a stage waits for at most two failed calls, one when it goes
 offline and one in the retry at :meth:`Tracker.finish`, each at most :data:`CALL_TIMEOUT` (an artifact's
-call: its upload bound): 20 s in all without artifacts, whatever the length of the training (plus, once per process, up to :data:`OPEN_TIMEOUT` if
+call: its upload bound): 20 s in all without artifacts, whatever the length of the training, plus one
+failed call per :data:`RECONNECT_INTERVAL` of outage while the stage runs (plus, once per process, up to :data:`OPEN_TIMEOUT` if
 opening the store hangs rather than fails). Measured on the 2-core development machine with the
 defaults, for start, 5 x log_metrics (35 values), 2 x log_artifact, finish:
 
@@ -70,6 +73,9 @@ CALL_TIMEOUT = 10.0
 ARTIFACT_RATE = 2e6
 """Bytes per second an artifact upload is granted on top of :data:`CALL_TIMEOUT` (a model or checkpoint through
 a tracking server on a slow link must not count as a store failure)."""
+
+RECONNECT_INTERVAL = 60.0
+"""Seconds between a tracker's attempts, while offline, to send what it kept (each costs one call)."""
 
 SQLITE_BUSY_TIMEOUT = 8.0
 """Seconds a SQLite call waits for a locked database before it fails by itself (MLflow's own: 20 s);

@@ -113,6 +113,8 @@ class Tracker:
         self._client_obj = None
         self._kept: list[_Op] = []  # not (yet) recorded, in order
         self._offline = False  # after a store failure: keep everything for finish()
+        self._offline_since = 0.0  # monotonic time of going offline, or of the last attempt to come back
+        self._reconnecting = False
         self._error: BaseException | None = None  # the last store failure
         self._stalled: _Op | None = None  # the op whose call was still running at its deadline
         self._steps: dict[str, int] = {}  # the largest step this tracker logged, per metric
@@ -357,8 +359,9 @@ class Tracker:
 
     def _go_offline(self, err: BaseException) -> None:
         self._error = err
-        if not self._offline:
-            self._offline = True
+        self._offline_since = time.monotonic()
+        was_online, self._offline = not self._offline and not self._reconnecting, True
+        if was_online:
             log.info("MLflow store %s %s: tracking goes on offline, and what it keeps is retried when the stage "
                      "ends", self.uri, store.reason(err))
 
@@ -371,6 +374,27 @@ class Tracker:
             log.info("MLflow store %s answers again: tracking is back online", self.uri)
         if not self._offline:
             self._flush(retry=False)
+        elif time.monotonic() - self._offline_since >= store.RECONNECT_INTERVAL and \
+                not any(o.in_flight for o in self._kept):
+            self._reconnect()
+
+    def _reconnect(self) -> None:
+        """While offline, at most once per ``store.RECONNECT_INTERVAL``: send what was kept, in order (a
+        database restarted under a tracking server, a server back after a restart). Failing, it stays
+        offline and costs one call (at most its deadline); succeeding, tracking is back online."""
+        self._offline_since = time.monotonic()
+        if self._unknown_steps and not self._drop_logged_steps():
+            return
+        self._offline, self._reconnecting = False, True
+        try:
+            self._flush(retry=False)
+        finally:
+            self._reconnecting = False
+        if self._offline:  # failed again; _go_offline said nothing new
+            return
+        self._stalled = None
+        log.info("MLflow store %s answers again: tracking is back online, %s sent", self.uri,
+                 "what was kept" if self._kept == [] else "part of what was kept")
 
     def _flush(self, *, retry: bool) -> None:
         """Send the kept ops in order, stopping at the first store failure (which puts the tracker offline).
