@@ -95,6 +95,46 @@ def test_a_second_server_on_the_folder_or_port_is_a_one_line_error(running, fold
     assert taken.returncode == 2 and "something already listens" in taken.stderr and len(taken.stderr.splitlines()) == 1
 
 
+def test_a_database_restart_under_the_server_loses_nothing_and_a_stopped_server_is_one_warning(
+        running, folder, monkeypatch, caplog):
+    """PostgreSQL stopped and started again under the running server: the tracker goes offline, then sends
+    what it kept at its next log after RECONNECT_INTERVAL. Then the MLflow server itself stops for good:
+    training goes on, and finish names what was not recorded in one warning, within the bound."""
+    import mlflow
+
+    from pipelines.tracking import store
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", running["url"])
+    monkeypatch.setattr(store, "RECONNECT_INTERVAL", 1.0)
+    tracker = Tracker.start(experiment="team", params={})
+    tracker.log_metrics({"train/loss": 1.0}, step=1)
+    cluster = tracking_server.Cluster(folder)
+    cluster.stop()
+    tracker.log_metrics({"train/loss": 0.9}, step=2)  # the server answers 500 or not at all: offline
+    assert tracker.offline
+    cluster.start(running["postgres_port"])
+    deadline = time.monotonic() + 60
+    step = 3
+    while tracker.offline and time.monotonic() < deadline:
+        time.sleep(1.1)
+        tracker.log_metrics({"train/loss": 1.0 - step / 10}, step=step)
+        step += 1
+    assert not tracker.offline  # back during the run, not only at its end
+    client = mlflow.MlflowClient(running["url"])
+    assert sorted(m.step for m in client.get_metric_history(tracker.run_id, "train/loss")) == list(range(1, step))
+
+    from pipelines.lifetime import end_group
+
+    end_group(running["pid"])  # the MLflow server, by the pid this test's fixture started
+    start = time.monotonic()
+    for more in range(step, step + 5):
+        tracker.log_metrics({"train/loss": 0.1}, step=more)
+    tracker.finish()
+    assert time.monotonic() - start < 2 * store.CALL_TIMEOUT + 5
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "5 metric values and the run status FINISHED were not recorded" in warnings[0]
+
+
 def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(running, folder):
     stopped = _server("stop", "--folder", str(folder))
     assert stopped.returncode == 0 and "stopped" in stopped.stdout

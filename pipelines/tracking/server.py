@@ -133,12 +133,12 @@ class Cluster:
         lines = (self.data / "postmaster.pid").read_text().splitlines()
         return int(lines[3])
 
-    def start(self) -> int:
-        """Start the cluster's server (or find it running); its port."""
-        port = self.running_port()
-        if port:
-            return port
-        port = free_port(self.host)
+    def start(self, port: int | None = None) -> int:
+        """Start the cluster's server on ``port`` (default: a free one), or find it running; its port."""
+        running = self.running_port()
+        if running:
+            return running
+        port = port or free_port(self.host)
         options = f"-p {port} -c listen_addresses={self.host} -c unix_socket_directories='{self.data}'"
         _run(_as_owner([pg_command("pg_ctl"), "-D", str(self.data), "-l", str(self.data / "server.log"), "-w",
                         "-t", "60", "-o", options, "start"]), f"starting PostgreSQL (log: {self.data / 'server.log'})")
