@@ -67,6 +67,19 @@ def test_push_then_pull_into_a_fresh_clone_runs_nothing_again(server, tmp_path):
     assert secret_key in (first / ".dvc" / "config.local").read_text()
     assert secret_key not in _run(first, "git", "log", "-p").stdout
 
+    # an unreachable remote: one error line naming it, nothing lost locally, the next push goes through
+    cache = sorted(p.relative_to(first) for p in (first / ".dvc" / "cache").rglob("*") if p.is_file())
+    down = f"http://127.0.0.1:{free_port()}"
+    _run(first, "dvc", "remote", "add", "down", "s3://dvc/down")
+    _run(first, "dvc", "remote", "modify", "down", "endpointurl", down)
+    failed = _run(first, "dvc", "push", "-r", "down", ok=False, env={"AWS_ACCESS_KEY_ID": access_key,
+                                                                   "AWS_SECRET_ACCESS_KEY": secret_key})
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("ERROR")]
+    assert failed.returncode != 0 and len(errors) == 1 and down in errors[0], failed.stderr
+    assert sorted(p.relative_to(first) for p in (first / ".dvc" / "cache").rglob("*") if p.is_file()) == cache
+    pushed = _run(first, "dvc", "push", "-r", "team")
+    assert "up to date" in pushed.stdout + pushed.stderr
+
     second = tmp_path / "second"
     _run(tmp_path, "git", "clone", "-q", str(first), str(second))
     for command in commands:  # only the credentials: the remote itself came with git
