@@ -1,0 +1,88 @@
+"""Concurrent writers on one tracking server (PostgreSQL): two clones running their pipelines while a
+third runs a ``dvc queue start -j 2`` sweep, all at once (the ``ci`` profile, one process each, to fit 2
+cores): every run complete, no lost metric step, each evaluation linked to its own training run, and no
+store failure. Skipped where PostgreSQL is not installed."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.lifetime import free_port
+from pipelines.tracking import server as tracking_server
+
+from .test_pipeline import _copy_repo, _env
+
+pytestmark = pytest.mark.slow
+
+try:
+    tracking_server.pg_command("initdb")
+except tracking_server.ServerError:
+    pytest.skip("PostgreSQL is not installed (apt-get install postgresql)", allow_module_level=True)
+
+CI = ["-S", "profile=ci", "-S", "train.nproc=1"]
+
+
+@pytest.fixture(scope="module")
+def url():
+    base = Path(tempfile.mkdtemp(prefix="tracking-concurrent-"))
+    base.chmod(0o755)  # PostgreSQL runs as `postgres` when the tests run as root
+    started = subprocess.run([sys.executable, "-m", "pipelines.tracking.server", "--folder", str(base / "server"),
+                              "--port", str(free_port()), "--detach"], capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stderr
+    yield json.loads((base / "server" / "server.json").read_text())["url"]
+    tracking_server.stop(base / "server")
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_two_clones_and_a_queued_sweep_write_to_one_server_at_once(url, tmp_path):
+    import mlflow
+
+    env = {**_env(), "MLFLOW_TRACKING_URI": url}
+    repos = {name: tmp_path / name for name in ("one", "two", "sweep")}
+    for repo in repos.values():
+        repo.mkdir()
+        _copy_repo(repo)
+    queued = subprocess.run(["dvc", "exp", "run", "--queue", *CI, "-S", "augment=none,flip"], cwd=repos["sweep"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    names = re.findall(r"Queued experiment '([\w-]+)'", queued.stdout)
+    assert len(names) == 2, queued.stderr
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in repos}
+    clones = [subprocess.Popen(["dvc", "exp", "run", "-n", f"clone-{name}", *CI], cwd=repos[name], env=env,
+                               stdout=logs[name], stderr=subprocess.STDOUT) for name in ("one", "two")]
+    started = subprocess.run(["dvc", "queue", "start", "-j", "2"], cwd=repos["sweep"], env=env,
+                             stdout=logs["sweep"], stderr=subprocess.STDOUT, timeout=120)
+    assert started.returncode == 0
+    for clone in clones:
+        assert clone.wait(timeout=1200) == 0, [(tmp_path / f"{n}.log").read_text()[-3000:] for n in ("one", "two")]
+    deadline = time.monotonic() + 1200
+    while re.search(r"\b(Queued|Running)\b", status := subprocess.run(
+            ["dvc", "queue", "status"], cwd=repos["sweep"], env=env, capture_output=True, text=True).stdout):
+        assert time.monotonic() < deadline, status
+        time.sleep(2)
+    assert all(re.search(rf"{name}\s.*\bSuccess\b", status) for name in names), status
+    for log in logs.values():
+        log.close()
+    text = "".join((tmp_path / f"{n}.log").read_text() for n in repos)
+    assert "MLflow store" not in text and "database is locked" not in text  # no store failure, no warning
+
+    client = mlflow.MlflowClient(url)
+    runs = client.search_runs([client.get_experiment_by_name("detection").experiment_id])
+    trainings = {r.data.tags["dvc.exp_name"]: r for r in runs if r.data.tags.get("pipeline.stage") == "train"}
+    evaluations = {r.data.tags["dvc.exp_name"]: r for r in runs if r.data.tags.get("pipeline.stage") == "evaluate"}
+    expected = {"clone-one", "clone-two", *names}
+    assert set(trainings) == set(evaluations) == expected
+    for name in expected:
+        training, evaluation = trainings[name], evaluations[name]
+        assert training.info.status == evaluation.info.status == "FINISHED"
+        assert evaluation.data.tags["training_run_id"] == training.info.run_id  # each linked to its own
+        steps = [m.step for m in client.get_metric_history(training.info.run_id, "train/loss")]
+        assert sorted(steps) == [2, 4, 6, 8]  # the ci profile logs every 2 of 8 iterations: none lost
+        assert "eval/AP" in evaluation.data.metrics
+    assert {trainings[n].data.params["augment.name"] for n in names} == {"none", "flip"}
