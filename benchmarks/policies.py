@@ -128,24 +128,31 @@ def figures(records: list[dict]) -> dict:
         summary[preset] = {"seeds": [r["seed"] for r in rs],
                            "mean": {k: statistics.fmean(r["metrics"][k] for r in rs) for k in METRICS},
                            "spread": {k: max(r["metrics"][k] for r in rs) - min(r["metrics"][k] for r in rs)
-                                      for k in METRICS},
-                           "train_seconds": statistics.median(r["seconds"]["train"] for r in rs)}
+                                      for k in METRICS}}
     return {"runs": records, "summary": summary}
 
 
+def paired(runs: list[dict], name: str, baseline: str = "flip") -> list[float]:
+    """AP of ``name`` minus AP of ``baseline`` at each seed both have (same initialisation and data order)."""
+    base = {r["seed"]: r["metrics"]["AP"] for r in runs if r["name"] == baseline}
+    return [r["metrics"]["AP"] - base[r["seed"]] for r in runs if r["name"] == name and r["seed"] in base]
+
+
 def table(f: dict) -> str:
-    """Per preset, the mean of each metric over its seeds with its spread, then one row per run."""
+    """Per name, the mean of each metric over its seeds with its spread and the AP against flip at the same
+    seed; then one row per run."""
     runs = f["runs"]
     first = runs[0]
     m = first["machine"]
     lines = [f"`{first['model']}`, {first['schedule']}, {first['precision']} precision on the {m['class']} class; "
-             "mean over seeds (in brackets the spread: largest minus smallest).", "",
-             "| augment | seeds | " + " | ".join(METRICS) + " | train time (median) |",
+             "mean over seeds (in brackets the spread: largest minus smallest); the last column is AP minus the "
+             "flip's AP at the same seed.", "",
+             "| augment | seeds | " + " | ".join(METRICS) + " | AP - flip, per seed |",
              "|---|---|" + "---|" * len(METRICS) + "---|"]
-    for preset, s in f["summary"].items():
+    for name, s in f["summary"].items():
         cells = [f"{s['mean'][k]:.3f} ({s['spread'][k]:.3f})" for k in METRICS]
-        lines.append(f"| {preset} | {', '.join(map(str, s['seeds']))} | " + " | ".join(cells)
-                     + f" | {s['train_seconds'] / 60:.1f} min |")
+        delta = ", ".join(f"{d:+.3f}" for d in paired(runs, name)) if name != "flip" else ""
+        lines.append(f"| {name} | {', '.join(map(str, s['seeds']))} | " + " | ".join(cells) + f" | {delta} |")
     lines += ["", "| augment | seed | " + " | ".join(METRICS) + " | train | evaluate |",
               "|---|---|" + "---|" * len(METRICS) + "---|---|"]
     for r in runs:
