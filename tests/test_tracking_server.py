@@ -213,3 +213,39 @@ def test_with_auth_a_user_given_edit_tracks_and_a_refused_one_stops_at_once_in_o
         assert refused.stderr.splitlines() == [
             f"error: MLflow store {running['url']} refused {who}: set MLFLOW_TRACKING_USERNAME and "
             "MLFLOW_TRACKING_PASSWORD to a user with EDIT on experiment 'detection' (docs/team.md)"]
+
+
+def test_an_older_schema_is_upgraded_before_the_server_starts():
+    """A database left by an older MLflow (its schema one migration behind): `mlflow db upgrade` runs first."""
+    import sqlalchemy
+    from alembic import command
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db import utils
+
+    base = Path(tempfile.mkdtemp(prefix="tracking-upgrade-"))
+    base.chmod(0o755)
+    folder = base / "server"
+    try:
+        cluster = tracking_server.Cluster(folder)
+        cluster.init()
+        port = cluster.start()
+        cluster.ensure_database(port)
+        engine = sqlalchemy.create_engine(cluster.uri(port), connect_args={"passfile": str(cluster.passfile)})
+        config = utils._get_alembic_config(str(engine.url))
+        head = tracking_server.head_revision()
+        older = ScriptDirectory.from_config(config).get_revision(head).down_revision
+        utils.InitialBase.metadata.create_all(engine)
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, older)
+        engine.dispose()
+        assert tracking_server.schema_revision(cluster, port) == older
+        cluster.stop()
+        started = _server("--folder", str(folder), "--port", str(free_port()), "--detach")
+        assert started.returncode == 0, started.stderr
+        assert f"upgrading the MLflow schema from {older} to {head} (mlflow db upgrade)" in started.stdout
+        running = json.loads((folder / "server.json").read_text())
+        assert tracking_server.schema_revision(cluster, running["postgres_port"]) == head
+    finally:
+        tracking_server.stop(folder)
+        shutil.rmtree(base, ignore_errors=True)
