@@ -1,7 +1,8 @@
-"""Concurrent writers on one tracking server (PostgreSQL): two clones running their pipelines while a
-third runs a ``dvc queue start -j 2`` sweep, all at once (the ``ci`` profile, one process each, to fit 2
-cores): every run complete, no lost metric step, each evaluation linked to its own training run, and no
-store failure. Skipped where PostgreSQL is not installed."""
+"""Concurrent writers on one tracking server (PostgreSQL, with ``--auth``): two clones running their
+pipelines while a third runs a ``dvc queue start -j 2`` sweep, all at once (the ``ci`` profile, one process
+each, to fit 2 cores), as a user given EDIT: every run complete, no lost metric step, each evaluation
+linked to its own training run, no store failure, and the user's password in no file, log or run.
+Skipped where PostgreSQL is not installed."""
 
 import json
 import re
@@ -30,21 +31,28 @@ CI = ["-S", "profile=ci", "-S", "train.nproc=1"]
 
 
 @pytest.fixture(scope="module")
-def url():
+def server():
+    """The server's URL and a user's credentials (EDIT on experiment detection)."""
     base = Path(tempfile.mkdtemp(prefix="tracking-concurrent-"))
     base.chmod(0o755)  # PostgreSQL runs as `postgres` when the tests run as root
-    started = subprocess.run([sys.executable, "-m", "pipelines.tracking.server", "--folder", str(base / "server"),
-                              "--port", str(free_port()), "--detach"], capture_output=True, text=True, timeout=180)
+    command = [sys.executable, "-m", "pipelines.tracking.server", "--folder", str(base / "server")]
+    started = subprocess.run([*command, "--port", str(free_port()), "--auth", "--detach"], capture_output=True,
+                             text=True, timeout=180)
     assert started.returncode == 0, started.stderr
-    yield json.loads((base / "server" / "server.json").read_text())["url"]
+    user = subprocess.run([*command, "user", "team"], capture_output=True, text=True, timeout=120)
+    assert user.returncode == 0, user.stderr
+    password = user.stdout.split("(password ", 1)[1].split(")", 1)[0]
+    yield json.loads((base / "server" / "server.json").read_text())["url"], {
+        "MLFLOW_TRACKING_USERNAME": "team", "MLFLOW_TRACKING_PASSWORD": password}
     tracking_server.stop(base / "server")
     shutil.rmtree(base, ignore_errors=True)
 
 
-def test_two_clones_and_a_queued_sweep_write_to_one_server_at_once(url, tmp_path):
+def test_two_clones_and_a_queued_sweep_write_to_one_server_at_once(server, tmp_path, monkeypatch):
     import mlflow
 
-    env = {**_env(), "MLFLOW_TRACKING_URI": url}
+    url, credentials = server
+    env = {**_env(), "MLFLOW_TRACKING_URI": url, **credentials}
     repos = {name: tmp_path / name for name in ("one", "two", "sweep")}
     for repo in repos.values():
         repo.mkdir()
@@ -72,6 +80,13 @@ def test_two_clones_and_a_queued_sweep_write_to_one_server_at_once(url, tmp_path
     text = "".join((tmp_path / f"{n}.log").read_text() for n in repos)
     assert "MLflow store" not in text and "database is locked" not in text  # no store failure, no warning
 
+    password = credentials["MLFLOW_TRACKING_PASSWORD"]
+    assert password not in text  # in no log
+    for repo in repos.values():  # nor in any file DVC or git keeps
+        for name in ("dvc.lock", "params.yaml", ".dvc/config", ".dvc/config.local"):
+            assert not (repo / name).is_file() or password not in (repo / name).read_text()
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
     client = mlflow.MlflowClient(url)
     runs = client.search_runs([client.get_experiment_by_name("detection").experiment_id])
     trainings = {r.data.tags["dvc.exp_name"]: r for r in runs if r.data.tags.get("pipeline.stage") == "train"}
@@ -86,3 +101,4 @@ def test_two_clones_and_a_queued_sweep_write_to_one_server_at_once(url, tmp_path
         assert sorted(steps) == [2, 4, 6, 8]  # the ci profile logs every 2 of 8 iterations: none lost
         assert "eval/AP" in evaluation.data.metrics
     assert {trainings[n].data.params["augment.name"] for n in names} == {"none", "flip"}
+    assert all(password not in json.dumps([r.data.params, r.data.tags]) for r in runs)  # nor in any run
