@@ -5,6 +5,7 @@ linked to its own training run, no store failure, and the user's password in no 
 Skipped where PostgreSQL is not installed."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from pipelines.lifetime import free_port
 from pipelines.tracking import server as tracking_server
 
+from .conftest import REPO
 from .test_pipeline import _copy_repo, _env
 
 pytestmark = pytest.mark.slow
@@ -40,18 +42,51 @@ def server():
                              text=True, timeout=180)
     assert started.returncode == 0, started.stderr
     user = subprocess.run([*command, "user", "team"], capture_output=True, text=True, timeout=120)
-    assert user.returncode == 0, user.stderr
-    password = user.stdout.split("(password ", 1)[1].split(")", 1)[0]
+    assert user.returncode == 0 and "may edit experiment 'detection'" in user.stdout, user.stderr
     yield json.loads((base / "server" / "server.json").read_text())["url"], {
-        "MLFLOW_TRACKING_USERNAME": "team", "MLFLOW_TRACKING_PASSWORD": password}
+        "MLFLOW_TRACKING_USERNAME": "team", "MLFLOW_TRACKING_PASSWORD": _password(user.stdout)}, base / "server"
     tracking_server.stop(base / "server")
     shutil.rmtree(base, ignore_errors=True)
+
+
+def _password(line: str) -> str:
+    return line.split("(password ", 1)[1].split(")", 1)[0]
+
+
+START = ("import sys; from pipelines import cli; from pipelines.tracking.tracker import Tracker\n"
+         "def main(argv):\n    t = Tracker.start(experiment='detection', params={'train.base_lr': 0.001}); t.finish()\n"
+         "    print(t.run_id)\ncli.run(main)")
+
+
+def _start_run(url, user=None, password=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["MLFLOW_TRACKING_URI"] = url
+    if user:
+        env.update(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
+    return subprocess.run([sys.executable, "-c", START], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_user_without_edit_or_with_a_wrong_password_stops_a_stage_at_once_in_one_line(server):
+    """The one tracking failure that stops a stage: the server refuses the identity (401 or 403)."""
+    url, credentials, folder = server
+    bob = subprocess.run([sys.executable, "-m", "pipelines.tracking.server", "--folder", str(folder), "user", "bob",
+                          "--experiment", "elsewhere"], capture_output=True, text=True, timeout=120)  # READ here
+    assert bob.returncode == 0, bob.stderr
+    for user, secret, who in (("team", "wrong", "user 'team'"), ("bob", _password(bob.stdout), "user 'bob'"),
+                              (None, None, "no user (MLFLOW_TRACKING_USERNAME is not set)")):
+        refused = _start_run(url, user, secret)
+        assert refused.returncode == 2 and refused.stdout == ""  # stopped before any work
+        assert refused.stderr.splitlines() == [
+            f"error: MLflow store {url} refused {who}: set MLFLOW_TRACKING_USERNAME and "
+            "MLFLOW_TRACKING_PASSWORD to a user with EDIT on experiment 'detection' (docs/team.md)"]
+    allowed = _start_run(url, "team", credentials["MLFLOW_TRACKING_PASSWORD"])
+    assert allowed.returncode == 0, allowed.stderr
 
 
 def test_two_clones_and_a_queued_sweep_write_to_one_server_at_once(server, tmp_path, monkeypatch):
     import mlflow
 
-    url, credentials = server
+    url, credentials, _ = server
     env = {**_env(), "MLFLOW_TRACKING_URI": url, **credentials}
     repos = {name: tmp_path / name for name in ("one", "two", "sweep")}
     for repo in repos.values():

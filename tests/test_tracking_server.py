@@ -161,60 +161,6 @@ def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(
     assert not (folder / "server.json").exists()
 
 
-@pytest.fixture(scope="module")
-def with_auth():
-    base = Path(tempfile.mkdtemp(prefix="tracking-auth-"))
-    base.chmod(0o755)
-    folder = base / "server"
-    started = _server("--folder", str(folder), "--port", str(free_port()), "--auth", "--detach")
-    assert started.returncode == 0, started.stderr
-    yield folder, json.loads((folder / "server.json").read_text())
-    tracking_server.stop(folder)
-    shutil.rmtree(base, ignore_errors=True)
-
-
-def _password(line: str) -> str:
-    return line.split("(password ", 1)[1].split(")", 1)[0]
-
-
-START = ("import sys; from pipelines import cli; from pipelines.tracking.tracker import Tracker\n"
-         "def main(argv):\n    t = Tracker.start(experiment='detection', params={'train.base_lr': 0.001}); t.finish()\n"
-         "    print(t.run_id)\ncli.run(main)")
-
-
-def _start_run(url, user=None, password=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env["MLFLOW_TRACKING_URI"] = url
-    if user:
-        env.update(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
-    return subprocess.run([sys.executable, "-c", START], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-
-
-def test_with_auth_a_user_given_edit_tracks_and_a_refused_one_stops_at_once_in_one_line(with_auth, monkeypatch):
-    folder, running = with_auth
-    alice = _server("user", "alice", "--folder", str(folder))
-    assert alice.returncode == 0 and "may edit experiment 'detection'" in alice.stdout, alice.stderr
-    bob = _server("user", "bob", "--folder", str(folder), "--experiment", "elsewhere")  # READ on detection
-    password = _password(alice.stdout)
-
-    done = _start_run(running["url"], "alice", password)
-    assert done.returncode == 0, done.stderr
-    import mlflow
-
-    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
-    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
-    run = mlflow.MlflowClient(running["url"]).get_run(done.stdout.split()[-1])
-    assert password not in json.dumps([run.data.params, run.data.tags])  # credentials are never logged
-
-    for user, secret, who in (("alice", "wrong", "user 'alice'"), ("bob", _password(bob.stdout), "user 'bob'"),
-                              (None, None, "no user (MLFLOW_TRACKING_USERNAME is not set)")):
-        refused = _start_run(running["url"], user, secret)
-        assert refused.returncode == 2 and refused.stdout == ""  # stopped before any work
-        assert refused.stderr.splitlines() == [
-            f"error: MLflow store {running['url']} refused {who}: set MLFLOW_TRACKING_USERNAME and "
-            "MLFLOW_TRACKING_PASSWORD to a user with EDIT on experiment 'detection' (docs/team.md)"]
-
-
 def test_an_older_schema_is_upgraded_before_the_server_starts():
     """A database left by an older MLflow (its schema one migration behind): `mlflow db upgrade` runs first."""
     import sqlalchemy
