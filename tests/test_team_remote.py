@@ -8,6 +8,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +43,32 @@ def server(tmp_path_factory):
     commands = [line.strip() for line in started.stdout.splitlines() if line.strip().startswith("dvc remote")]
     yield folder, commands
     s3server.stop(folder)
+
+
+@pytest.fixture(scope="module")
+def tracking(server):
+    """A shared tracking server whose artifacts go to the S3 server's bucket (the server holds the S3
+    credentials; its clients have none). Skipped where PostgreSQL is not installed."""
+    from pipelines.tracking import server as tracking_server
+
+    try:
+        tracking_server.pg_command("initdb")
+    except tracking_server.ServerError:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    folder, _ = server
+    endpoint = json.loads((folder / "server.json").read_text())["endpoint"]
+    access_key, secret_key = s3server.credentials(folder)
+    base = Path(tempfile.mkdtemp(prefix="tracking-s3-"))
+    base.chmod(0o755)  # PostgreSQL runs as `postgres` when the tests run as root
+    env = {**_env(), "MLFLOW_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": access_key,
+           "AWS_SECRET_ACCESS_KEY": secret_key}
+    started = subprocess.run([sys.executable, "-m", "pipelines.tracking.server", "--folder", str(base / "server"),
+                              "--port", str(free_port()), "--artifacts", "s3://dvc/mlflow", "--detach"], env=env,
+                             capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stderr
+    yield json.loads((base / "server" / "server.json").read_text())["url"]
+    tracking_server.stop(base / "server")
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def _use_remote(repo, commands, prefix):
@@ -96,15 +124,16 @@ def test_push_then_pull_into_a_fresh_clone_runs_nothing_again(server, tmp_path):
     shutil.rmtree(second / ".dvc" / "cache")
 
 
-def test_an_experiment_moves_to_a_colleague_who_evaluates_it_again_without_retraining(server, tmp_path):
+def test_an_experiment_moves_to_a_colleague_who_evaluates_it_again_without_retraining(server, tracking, tmp_path):
     """Alice runs an experiment and pushes it (git refs to a bare repository, outputs to the S3 remote); Bob,
     in a clone of his own, lists it, pulls and applies it, changes an evaluate param on top of it and
-    reproduces: only evaluate runs, and its MLflow run (one store for both, as a team's server is) links
-    to Alice's training run."""
+    reproduces: only evaluate runs, and its MLflow run on the shared server links to Alice's training run,
+    whose model the server stored in the S3 bucket."""
+    import boto3
     import mlflow
 
-    _, commands = server
-    store = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'team.db'}"}
+    folder, commands = server
+    store = {"MLFLOW_TRACKING_URI": tracking}
     origin = tmp_path / "origin.git"
     _run(tmp_path, "git", "init", "-q", "--bare", "-b", "main", str(origin))
     alice = tmp_path / "alice"
@@ -146,3 +175,8 @@ def test_an_experiment_moves_to_a_colleague_who_evaluates_it_again_without_retra
                                        "tags.`pipeline.stage` = 'evaluate' and params.`evaluate.backend` = 'pycocotools'")
     assert evaluation.data.tags["training_run_id"] == trained
     assert client.get_run(trained).data.params["train.base_lr"] == "0.002"  # Alice's training run
+    access_key, secret_key = s3server.credentials(folder)
+    bucket = boto3.client("s3", endpoint_url=json.loads((folder / "server.json").read_text())["endpoint"],
+                          aws_access_key_id=access_key, aws_secret_access_key=secret_key, region_name="us-east-1")
+    stored = [o["Key"] for o in bucket.list_objects_v2(Bucket="dvc", Prefix="mlflow/")["Contents"]]
+    assert any(k.endswith(f"{trained}/artifacts/model/model_final.pth") for k in stored), stored
