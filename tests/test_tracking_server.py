@@ -49,13 +49,43 @@ def folder():
     shutil.rmtree(base, ignore_errors=True)
 
 
+def _older_schema(folder: Path) -> str:
+    """A cluster whose database an older MLflow left: its schema one migration behind; that revision."""
+    import sqlalchemy
+    from alembic import command
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db import utils
+
+    cluster = tracking_server.Cluster(folder)
+    cluster.init()
+    port = cluster.start()
+    cluster.ensure_database(port)
+    engine = sqlalchemy.create_engine(cluster.uri(port), connect_args={"passfile": str(cluster.passfile)})
+    config = utils._get_alembic_config(str(engine.url))
+    older = ScriptDirectory.from_config(config).get_revision(tracking_server.head_revision()).down_revision
+    utils.InitialBase.metadata.create_all(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, older)
+    engine.dispose()
+    assert tracking_server.schema_revision(cluster, port) == older
+    cluster.stop()
+    return older
+
+
 @pytest.fixture(scope="module")
 def running(folder):
+    """The server, started on a database one migration behind (as an older MLflow left it)."""
+    older = _older_schema(folder)
     port = free_port()
     started = _server("--folder", str(folder), "--port", str(port), "--detach")
     assert started.returncode == 0, started.stderr
     assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{port}" in started.stdout
-    return json.loads((folder / "server.json").read_text())
+    head = tracking_server.head_revision()
+    assert f"upgrading the MLflow schema from {older} to {head} (mlflow db upgrade)" in started.stdout
+    running = json.loads((folder / "server.json").read_text())
+    assert tracking_server.schema_revision(tracking_server.Cluster(folder), running["postgres_port"]) == head
+    return running
 
 
 def test_runs_go_to_postgresql_and_artifacts_through_the_server(running, folder, tmp_path, monkeypatch):
@@ -159,39 +189,3 @@ def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(
     assert "created a PostgreSQL cluster" not in out and out.rstrip().endswith("stopped")
     assert not _listening(port) and not _listening(state["postgres_port"])
     assert not (folder / "server.json").exists()
-
-
-def test_an_older_schema_is_upgraded_before_the_server_starts():
-    """A database left by an older MLflow (its schema one migration behind): `mlflow db upgrade` runs first."""
-    import sqlalchemy
-    from alembic import command
-    from alembic.script import ScriptDirectory
-    from mlflow.store.db import utils
-
-    base = Path(tempfile.mkdtemp(prefix="tracking-upgrade-"))
-    base.chmod(0o755)
-    folder = base / "server"
-    try:
-        cluster = tracking_server.Cluster(folder)
-        cluster.init()
-        port = cluster.start()
-        cluster.ensure_database(port)
-        engine = sqlalchemy.create_engine(cluster.uri(port), connect_args={"passfile": str(cluster.passfile)})
-        config = utils._get_alembic_config(str(engine.url))
-        head = tracking_server.head_revision()
-        older = ScriptDirectory.from_config(config).get_revision(head).down_revision
-        utils.InitialBase.metadata.create_all(engine)
-        with engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.upgrade(config, older)
-        engine.dispose()
-        assert tracking_server.schema_revision(cluster, port) == older
-        cluster.stop()
-        started = _server("--folder", str(folder), "--port", str(free_port()), "--detach")
-        assert started.returncode == 0, started.stderr
-        assert f"upgrading the MLflow schema from {older} to {head} (mlflow db upgrade)" in started.stdout
-        running = json.loads((folder / "server.json").read_text())
-        assert tracking_server.schema_revision(cluster, running["postgres_port"]) == head
-    finally:
-        tracking_server.stop(folder)
-        shutil.rmtree(base, ignore_errors=True)
