@@ -61,7 +61,7 @@ def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(
     candidates = sorted(p.stem for p in (state / "candidates").glob("*.json"))
     best = json.loads((repo / "search" / "outputs" / "policy.json").read_text())
     decode_policy(best["policy"], best["n_subpolicies"])
-    assert best["scale_splits"] == [2048, 10240, 51200]  # search.scale_splits null: augment.scale_splits
+    assert best["scale_splits"] == [52, 262, 1311]  # search.scale_splits auto: the original's x (128 / 800)^2
     assert best["key"] == history[-1]["best"]["key"] and best["key"] in candidates
     metrics = json.loads((repo / "search" / "metrics" / "search.json").read_text())
     assert metrics["score"] == best["score"] and {"APs", "APm", "APl", "baseline_APs"} <= set(metrics)
