@@ -184,8 +184,8 @@ class Search:
     candidates_at_once: int = MISSING  # fine-tunes running side by side, one process each
     threads: int = MISSING  # per candidate process
     seed: int = MISSING  # the held-out split, the rounds' genomes and each fine-tune's randomness
-    # The area bounds of the score's bins and of the policy's scale buckets: auto, the original's (COCO's at 800
-    # pixels) scaled to min(model.min_size_train); null, augment.scale_splits; or three areas
+    # The area bounds of the score's bins and of the policy's scale buckets: null, augment.scale_splits (the
+    # original's, COCO's at 800 pixels); auto, those scaled to min(model.min_size_train); or three areas
     scale_splits: Any = None
 
 
