@@ -125,17 +125,23 @@ def figures(records: list[dict]) -> dict:
         presets.setdefault(r["name"], []).append(r)
     summary = {}
     for preset, rs in presets.items():
+        # a metric COCO cannot compute (no object of that size in val) is null in eval.json: left out
+        values = {k: [r["metrics"][k] for r in rs if r["metrics"][k] is not None] for k in METRICS}
         summary[preset] = {"seeds": [r["seed"] for r in rs],
-                           "mean": {k: statistics.fmean(r["metrics"][k] for r in rs) for k in METRICS},
-                           "spread": {k: max(r["metrics"][k] for r in rs) - min(r["metrics"][k] for r in rs)
-                                      for k in METRICS}}
+                           "mean": {k: statistics.fmean(v) if v else None for k, v in values.items()},
+                           "spread": {k: max(v) - min(v) if v else None for k, v in values.items()}}
     return {"runs": records, "summary": summary}
 
 
 def paired(runs: list[dict], name: str, baseline: str = "flip") -> list[float]:
     """AP of ``name`` minus AP of ``baseline`` at each seed both have (same initialisation and data order)."""
-    base = {r["seed"]: r["metrics"]["AP"] for r in runs if r["name"] == baseline}
-    return [r["metrics"]["AP"] - base[r["seed"]] for r in runs if r["name"] == name and r["seed"] in base]
+    base = {r["seed"]: r["metrics"]["AP"] for r in runs if r["name"] == baseline and r["metrics"]["AP"] is not None}
+    return [r["metrics"]["AP"] - base[r["seed"]] for r in runs
+            if r["name"] == name and r["seed"] in base and r["metrics"]["AP"] is not None]
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def table(f: dict) -> str:
@@ -150,13 +156,13 @@ def table(f: dict) -> str:
              "| augment | seeds | " + " | ".join(METRICS) + " | AP - flip, per seed |",
              "|---|---|" + "---|" * len(METRICS) + "---|"]
     for name, s in f["summary"].items():
-        cells = [f"{s['mean'][k]:.3f} ({s['spread'][k]:.3f})" for k in METRICS]
+        cells = [f"{_fmt(s['mean'][k])} ({_fmt(s['spread'][k])})" for k in METRICS]
         delta = ", ".join(f"{d:+.3f}" for d in paired(runs, name)) if name != "flip" else ""
         lines.append(f"| {name} | {', '.join(map(str, s['seeds']))} | " + " | ".join(cells) + f" | {delta} |")
     lines += ["", "| augment | seed | " + " | ".join(METRICS) + " | train | evaluate |",
               "|---|---|" + "---|" * len(METRICS) + "---|---|"]
     for r in runs:
-        lines.append(f"| {r['name']} | {r['seed']} | " + " | ".join(f"{r['metrics'][k]:.3f}" for k in METRICS)
+        lines.append(f"| {r['name']} | {r['seed']} | " + " | ".join(_fmt(r["metrics"][k]) for k in METRICS)
                      + f" | {r['seconds']['train']:.0f} s | {r['seconds']['evaluate']:.0f} s |")
     return "\n".join(lines)
 

@@ -118,20 +118,19 @@ def test_the_policies_benchmark_keeps_each_run_and_never_runs_a_kept_one_again(r
     """benchmarks/policies.py through the train and evaluate stages, on the tiny params: one record per preset
     and seed; run again, it reads them back and runs nothing."""
     runs = tmp_path / "runs"
-    command = [sys.executable, "-m", "benchmarks.policies", "--augment", "searched", "trivial", "--seeds", "3",
-               "--runs", str(runs)]
+    command = [sys.executable, "-m", "benchmarks.policies", "--augment", "searched", "--seeds", "3", "--runs", str(runs)]
     first = subprocess.run(command, cwd=repo, env=_env(), capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     kept = {p.name: json.loads(p.read_text()) for p in runs.glob("*.json")}
-    assert set(kept) == {"searched-s3.json", "trivial-s3.json"}
-    searched = json.loads((repo / "search" / "outputs" / "policy.json").read_text())["policy"]
-    assert kept["searched-s3.json"]["genes"] == searched and kept["trivial-s3.json"]["genes"] is None
-    assert all(r["seed"] == 3 and set(r["metrics"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl"} for r in kept.values())
-    assert "| searched | 3 |" in first.stdout and "| trivial | 3 |" in first.stdout
+    assert set(kept) == {"searched-s3.json"}
+    found = json.loads((repo / "search" / "outputs" / "policy.json").read_text())
+    record = kept["searched-s3.json"]
+    assert record["genes"] == found["policy"] and record["scale_splits"] == found["scale_splits"]
+    assert record["seed"] == 3 and set(record["metrics"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl"}
+    assert "| searched | 3 |" in first.stdout
     again = subprocess.run([*command, "--json"], cwd=repo, env=_env(), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "training and evaluating" not in again.stderr  # nothing ran
-    assert [r["metrics"] for r in json.loads(again.stdout)["runs"]] == [kept[f"{n}-s3.json"]["metrics"]
-                                                                       for n in ("searched", "trivial")]
+    assert [r["metrics"] for r in json.loads(again.stdout)["runs"]] == [record["metrics"]]
 
 
 def test_the_mlflow_ui_shows_the_search_and_compares_two_candidates(repo):
