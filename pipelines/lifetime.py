@@ -70,6 +70,27 @@ def end_group(pid: int, *, grace_s: float = 15.0) -> None:
             time.sleep(0.2)
 
 
+class StopSignals:
+    """While active, SIGINT, SIGTERM and SIGHUP are noted rather than acted on, so that a foreground server
+    can stop what it started cleanly; :meth:`wait` waits for one of them or for the server's own end."""
+
+    def __enter__(self) -> "StopSignals":
+        self.received: list[int] = []
+        self._previous = {s: signal.signal(s, lambda signum, frame: self.received.append(signum))
+                          for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def wait(self, process) -> int | None:
+        """Until a stop signal or the end of ``process``: None after a signal, else its exit code."""
+        while not self.received and process.poll() is None:
+            time.sleep(0.5)
+        return None if self.received else process.poll()
+
+
 def _stat(pid: int) -> tuple[str, str, int]:
     """``(command name, state, parent pid)`` of ``pid`` from ``/proc`` (Linux)."""
     try:

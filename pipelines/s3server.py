@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import OutputError
-from .lifetime import alive, end_group, free_port
+from .lifetime import StopSignals, alive, end_group, free_port
 
 READY_TIMEOUT = 60.0
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
@@ -159,23 +158,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.action == "stop":
         print("stopped" if stop(args.folder) else f"{args.folder}: no S3 server runs")
         return
-    stopping = []
-    handlers = {s: signal.signal(s, lambda signum, frame: stopping.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    server, process = start(args.folder, host=args.host, port=args.port, bucket=args.bucket)
-    print(f"S3 server at {server.endpoint}, bucket {server.bucket}; point DVC at it (credentials in "
-          f"{args.folder / 'credentials'}, to .dvc/config.local only):")
-    print("\n".join("  " + line for line in server.dvc_commands(*credentials(args.folder.resolve()))), flush=True)
-    if args.detach:
-        return
-    print("Ctrl-C stops it.", flush=True)
-    while not stopping and process.poll() is None:
-        time.sleep(0.5)
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
-    code = process.poll()
+    with StopSignals() as signals:
+        server, process = start(args.folder, host=args.host, port=args.port, bucket=args.bucket)
+        print(f"S3 server at {server.endpoint}, bucket {server.bucket}; point DVC at it (credentials in "
+              f"{args.folder / 'credentials'}, to .dvc/config.local only):")
+        print("\n".join("  " + line for line in server.dvc_commands(*credentials(args.folder.resolve()))), flush=True)
+        if args.detach:
+            return
+        print("Ctrl-C stops it.", flush=True)
+        code = signals.wait(process)
     stop(args.folder)
-    if code is not None and not stopping:
+    if code is not None:
         raise S3ServerError(f"weed mini exited with {code} (log: {args.folder / 'server.log'})")
     print("stopped")
 

@@ -31,7 +31,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TrackingError
-from ..lifetime import alive, end_group, free_port
+from ..lifetime import StopSignals, alive, end_group, free_port
 
 ROLE = DATABASE = "mlflow"
 READY_TIMEOUT = 120.0  # seconds for `mlflow server` to answer /health (about 18 s with one worker here)
@@ -373,21 +372,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{args.folder}: no tracking server runs")
             raise SystemExit(1)
         return
-    stopping = []
-    handlers = {s: signal.signal(s, lambda signum, frame: stopping.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts, auth=args.auth)
-    print(server.describe(), flush=True)
-    if args.detach:
-        return
-    print("Ctrl-C stops it.", flush=True)
-    while not stopping and process.poll() is None:
-        time.sleep(0.5)
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
-    code = process.poll()
+    with StopSignals() as signals:
+        server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts,
+                                auth=args.auth)
+        print(server.describe(), flush=True)
+        if args.detach:
+            return
+        print("Ctrl-C stops it.", flush=True)
+        code = signals.wait(process)
     stop(args.folder)
-    if code is not None and not stopping:
+    if code is not None:
         raise ServerError(f"mlflow server exited with {code} (log: {args.folder / 'server.log'})")
     print("stopped")
 
