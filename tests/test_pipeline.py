@@ -58,7 +58,7 @@ def _repro(repo: Path, *args: str) -> set[str]:
     """Run ``dvc repro``; return the stages that ran."""
     done = subprocess.run(["dvc", "repro", *args], cwd=repo, env=_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return set(re.findall(r"Running stage '(\w+)'", done.stdout))
+    return set(re.findall(r"Running stage '([\w/.:]+)'", done.stdout))
 
 
 def _set_param(repo: Path, section: str, key: str, value) -> None:
@@ -102,6 +102,11 @@ COCO_FIGURES = ["AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100
 
 def test_repro_runs_four_stages_and_records_a_training_and_an_evaluation_run(repo):
     assert _repro(repo) == {"prepare", "cache", "train", "evaluate"}
+    # the policy search (search/dvc.yaml) is a pipeline of its own, which the default repro never starts
+    assert not (repo / "search" / "outputs").exists() and not (repo / "search" / "data").exists()
+    assert _repro(repo, "--dry") == set()
+    assert set(_dvc_json(repo, "status", "search/dvc.yaml")) == {
+        f"search/dvc.yaml:{stage}" for stage in ("holdout", "cache", "baseline", "search")}  # not run yet
 
     metrics = json.loads((repo / "metrics" / "eval.json").read_text())
     assert list(metrics) == COCO_FIGURES  # headline figures only: as wide whatever the number of classes

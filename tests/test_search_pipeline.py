@@ -1,6 +1,6 @@
-"""End to end: the policy search (search/dvc.yaml) on a tiny configuration in a copy of the repository:
-never started by the default ``dvc repro``, a tree of MLflow runs, resumed after a kill to the result
-of an uninterrupted search, and its policy trained with ``augment=searched``."""
+"""End to end: the policy search (search/dvc.yaml) on a tiny configuration in a copy of the repository: a
+tree of MLflow runs, resumed after a kill to the result of an uninterrupted search, and its policy trained
+with ``augment=searched``."""
 
 import json
 import re
@@ -45,15 +45,9 @@ def repo(tmp_path_factory):
     return repo
 
 
-def test_the_default_repro_never_starts_a_search(repo):
-    assert _ran(_dvc(repo, "repro")) == {"prepare", "cache", "train", "evaluate"}
-    assert not (repo / "search" / "outputs").exists() and not (repo / "search" / "data").exists()
-    assert _ran(_dvc(repo, "repro", "--dry")) == set()
-    status = json.loads(_dvc(repo, "status", "--json", "search/dvc.yaml"))
-    assert set(status) == STAGES  # the search's stages: not run yet
-
-
 def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(repo):
+    _dvc(repo, "repro", "prepare")  # all the search needs of the default pipeline (tests/test_pipeline.py
+    # checks that the default repro never starts a search)
     assert _ran(_dvc(repo, "repro", "search/dvc.yaml")) >= STAGES
     state = repo / "search" / "outputs" / "state"
     history = json.loads((state / "history.json").read_text())

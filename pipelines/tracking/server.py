@@ -224,11 +224,21 @@ def add_user(folder: Path, name: str, *, experiment: str) -> str:
     from mlflow.exceptions import MlflowException
     from mlflow.server.auth.client import AuthServiceClient
 
-    os.environ.update({"MLFLOW_TRACKING_USERNAME": ADMIN,
-                       "MLFLOW_TRACKING_PASSWORD": _secret(folder / "admin-password")})
+    # an administrator's one-off calls: MLflow's patient HTTP defaults, not a stage's 4-s bound (a retried
+    # create whose first try went through would answer "already exists")
+    os.environ.update({"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": _secret(folder / "admin-password"),
+                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"})
     admin = mlflow.MlflowClient(running["url"])
     found = admin.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else admin.create_experiment(experiment)
+    if found:
+        experiment_id = found.experiment_id
+    else:
+        try:
+            experiment_id = admin.create_experiment(experiment)
+        except MlflowException as err:  # created meanwhile, by a pipeline or by a retried request
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise ServerError(f"creating experiment {experiment!r}: {err.message}") from None
+            experiment_id = admin.get_experiment_by_name(experiment).experiment_id
     users = AuthServiceClient(running["url"])
     password = secrets.token_hex(12)
     try:
