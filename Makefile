@@ -1,13 +1,14 @@
 # `make pipeline` installs (once) and runs the four DVC stages; `make test` installs and runs the tests;
-# `make doctor` reports on the machine and predicts the pipeline's time on it; `make tracking-server` runs
-# a shared MLflow server on PostgreSQL (docs/team.md).
+# `make doctor` reports on the machine and predicts the pipeline's time on it; `make search` searches an
+# augmentation policy on this data (docs/search.md); `make tracking-server` runs a shared MLflow server on
+# PostgreSQL (docs/team.md).
 # The install is the pinned requirements.lock; `make lock` re-resolves it from pyproject.toml.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install pipeline test doctor lock tracking-server
+.PHONY: install pipeline test doctor search lock tracking-server
 
 # Every dependency at its locked version, then the project itself (editable, deps already there).
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -30,6 +31,12 @@ test: install
 # What this machine offers training, what `auto` resolves to, and how long `make pipeline` takes here.
 doctor: install
 	python -m pipelines.doctor
+
+# The policy search, a pipeline of its own: linked as search/dvc.yaml on first use (commit the link, so
+# that a colleague's DVC knows it too), then reproduced (about an hour on 2 cores).
+search: install
+	test -e search/dvc.yaml || ln -s pipeline.yaml search/dvc.yaml
+	dvc repro search/dvc.yaml
 
 # A team's MLflow server: PostgreSQL and `mlflow server` with proxied artifacts, in .tracking-server/;
 # prints the MLFLOW_TRACKING_URI to use; Ctrl-C stops both. PORT=5000 ARGS="--auth" and so on.

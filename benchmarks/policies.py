@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     if "searched" in args.augment and not args.policy_file.is_file():
-        parser.error(f"--policy-file: {args.policy_file} is not a file; run the search (dvc repro search/dvc.yaml)")
+        parser.error(f"--policy-file: {args.policy_file} is not a file; run the search (make search)")
     for preset in args.augment:
         for seed in args.seeds:
             run(preset, seed, params=args.params, prepared=args.prepared, cache=args.cache,

@@ -445,7 +445,7 @@ def read_policy_file(p: Params, source: str = "params.yaml") -> Params:
         raise ConfigError(f"{source}: augment.policy_file: {path}: not readable JSON ({first_line(err)})") from None
     if found is None:
         raise ConfigError(f"{source}: augment.policy_file: {path}: not found; run the search "
-                          "(dvc repro search/dvc.yaml) or choose another augment preset")
+                          "(make search) or choose another augment preset")
     if not isinstance(found, dict) or not isinstance(found.get("policy"), list):
         raise ConfigError(f"{source}: augment.policy_file: {path}: expected a JSON object with a 'policy' gene list")
     if found.get("n_subpolicies", a.n_subpolicies) != a.n_subpolicies:

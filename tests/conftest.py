@@ -28,19 +28,22 @@ def set_dotted(tree: dict, dotted: str, value) -> None:
 
 
 def dvc_stages(repo: Path) -> dict[str, dict]:
-    """``dvc.yaml``'s stages as DVC resolves them (``vars``, params): per stage its ``cmd``, its file ``deps``
-    and its ``outs`` (metrics and plots included), paths as written."""
+    """The stages of ``dvc.yaml`` and of the search's ``search/pipeline.yaml`` (named as DVC names them once
+    ``make search`` has linked it as ``search/dvc.yaml``: ``search/dvc.yaml:baseline``), as DVC resolves them
+    (``vars``, params): per stage its ``cmd``, its file ``deps`` and its ``outs`` (metrics and plots
+    included), paths as written."""
     from dvc.dependency.param import ParamsDependency
+    from dvc.dvcfile import ProjectFile
     from dvc.repo import Repo
 
-    def address(stage) -> str:  # as DVC addresses it from the repository's root: train, search/dvc.yaml:search
-        where = os.path.relpath(stage.path, repo)
-        return stage.name if where == "dvc.yaml" else f"{where}:{stage.name}"
+    def described(stage) -> dict:
+        return {"cmd": stage.cmd, "deps": [d.def_path for d in stage.deps if not isinstance(d, ParamsDependency)],
+                "outs": [o.def_path for o in stage.outs]}
 
     with Repo(str(repo)) as dvc:
-        return {address(stage): {"cmd": stage.cmd,
-                             "deps": [d.def_path for d in stage.deps if not isinstance(d, ParamsDependency)],
-                             "outs": [o.def_path for o in stage.outs]} for stage in dvc.index.stages}
+        stages = {name: described(stage) for name, stage in ProjectFile(dvc, os.path.join(repo, "dvc.yaml")).stages.items()}
+        search = ProjectFile(dvc, os.path.join(repo, "search", "pipeline.yaml"), verify=False)  # not a DVC file name
+        return stages | {f"search/dvc.yaml:{name}": described(stage) for name, stage in search.stages.items()}
 
 
 def train_outputs(folder: str | Path) -> list[str]:

@@ -1,6 +1,6 @@
-"""End to end: the policy search (search/dvc.yaml) on a tiny configuration in a copy of the repository: a
-tree of MLflow runs, resumed after a kill to the result of an uninterrupted search, and its policy trained
-with ``augment=searched``."""
+"""End to end: the policy search (search/pipeline.yaml, linked as search/dvc.yaml) on a tiny configuration
+in a copy of the repository: a tree of MLflow runs, resumed after a kill to the result of an uninterrupted
+search, and its policy trained with ``augment=searched``."""
 
 import json
 import re
@@ -42,6 +42,7 @@ def repo(tmp_path_factory):
     composed = subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY, *SEARCH], cwd=repo, env=_env(),
                               capture_output=True, text=True)
     assert composed.returncode == 0, composed.stderr
+    (repo / "search" / "dvc.yaml").symlink_to("pipeline.yaml")  # as `make search` links it on first use
     return repo
 
 

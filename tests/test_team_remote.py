@@ -113,10 +113,8 @@ def test_push_then_pull_into_a_fresh_clone_runs_nothing_again(server, tmp_path):
     for command in commands:  # only the credentials: the remote itself came with git
         if "--local" in command:
             _run(second, *command.split())
-    # the default pipeline's outputs; a plain `dvc pull` also asks for the search's (search/dvc.yaml), which
-    # never ran here, and fails on them
-    _run(second, "dvc", "pull", "dvc.yaml")
-    assert "up to date" in _run(second, "dvc", "status", "dvc.yaml").stdout
+    _run(second, "dvc", "pull")
+    assert "up to date" in _run(second, "dvc", "status").stdout
     assert _repro(second) == set()
     shown = [json.loads(_run(repo, "dvc", "metrics", "show", "--json").stdout) for repo in (first, second)]
     assert shown[0][""]["data"]["metrics/eval.json"] == shown[1][""]["data"]["metrics/eval.json"]
@@ -157,19 +155,15 @@ def test_an_experiment_moves_to_a_colleague_who_evaluates_it_again_without_retra
             _run(bob, *command.split())
     assert "lr2" in _run(bob, "dvc", "exp", "list", "origin").stdout
     _run(bob, "dvc", "exp", "pull", "origin", "lr2")
-    # a branch of his own (`dvc exp apply` would do the same but exit with an error over the search
-    # pipeline's outputs, which never existed), then the default pipeline's outputs
-    _run(bob, "dvc", "exp", "branch", "lr2", "lr2")
-    _run(bob, "git", "checkout", "-q", "lr2")
-    _run(bob, "dvc", "checkout", "dvc.yaml")
-    assert "up to date" in _run(bob, "dvc", "status", "dvc.yaml").stdout  # its outputs came from the remote
+    _run(bob, "dvc", "exp", "apply", "lr2")
+    assert "up to date" in _run(bob, "dvc", "status").stdout  # its outputs came from the remote
     trained = json.loads((bob / "outputs/train/run.json").read_text())["run_id"]
     # `dvc exp run -S` would recompose params.yaml from conf/ and lose lr2's own overrides: edit it instead
     _run(bob, sys.executable, "-m", "pipelines.compose", "--edit", "evaluate.backend=pycocotools")
     ran = _run(bob, "dvc", "repro", env=store, timeout=900).stdout
     assert set(re.findall(r"Running stage '(\w+)'", ran)) == {"evaluate"}
-    _commit(bob, "lr2, scored with pycocotools")  # on his branch; `dvc push` would share its outputs
-    assert "up to date" in _run(bob, "dvc", "status", "dvc.yaml").stdout
+    _commit(bob, "lr2, scored with pycocotools")  # `dvc push` would share its outputs
+    assert "up to date" in _run(bob, "dvc", "status").stdout
     client = mlflow.MlflowClient(store["MLFLOW_TRACKING_URI"])
     (evaluation,) = client.search_runs([client.get_experiment_by_name("detection").experiment_id],
                                        "tags.`pipeline.stage` = 'evaluate' and params.`evaluate.backend` = 'pycocotools'")
