@@ -23,10 +23,10 @@ pipeline: install
 	dvc repro
 
 # Two workers (pytest-xdist), each test file on one of them in order (the end-to-end files build on
-# their own earlier tests), the longest files first (tests/conftest.py): about 1.5x faster than one on 2
-# cores. `pytest -n 0` runs them in one process.
+# their own earlier tests): about 1.5x faster than one on 2 cores. `pytest -n 0` runs them in one process.
+# (Handing them the longest files first, or a third worker, measured no faster: the work is CPU-bound.)
 test: install
-	pytest -n 2 --dist loadfile --no-loadscope-reorder
+	pytest -n 2 --dist loadfile
 
 # What this machine offers training, what `auto` resolves to, and how long `make pipeline` takes here.
 doctor: install

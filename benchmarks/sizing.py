@@ -54,7 +54,7 @@ def _run(command: list[str], env: dict, log: Path) -> float:
     return time.perf_counter() - start
 
 
-def _data(params_file: Path, params: dict, root: Path, env: dict) -> Path:
+def prepare_and_cache(params_file: Path, params: dict, root: Path, env: dict) -> Path:
     """The prepared and cached dataset of ``params``' dataset section (made once per distinct section)."""
     key = hashlib.sha256(json.dumps(params["dataset"], sort_keys=True).encode()).hexdigest()[:12]
     data = root / f"data-{key}"
@@ -74,7 +74,7 @@ def run_candidate(overrides: str, root: Path, index: int, hold: str | None) -> d
     params = yaml.safe_load(params_file.read_text())
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
-    data = _data(params_file, params, root, env)
+    data = prepare_and_cache(params_file, params, root, env)
     env.update(CLASSES[hold] if hold else {})
     out = folder / "out"
     train_s = _run([sys.executable, "-m", "pipelines.launch", "--params", str(params_file), "stages.train",

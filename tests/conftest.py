@@ -107,18 +107,3 @@ def tiny_cache(tiny_synthetic, tmp_path_factory):
     build_cache(coco, out, image_root=str(images), source_sha256=file_sha256(path), drop_empty=True)
     return AnnotationCache(out)
 
-
-# The files that take longest (minutes: each runs pipelines), longest first. With `make test` (`--dist
-# loadfile --no-loadscope-reorder`) the two workers take whole files in this order, so that no long file
-# starts last while the other worker idles; within a file the order stays as written.
-LONGEST_FIRST = ("test_pipeline.py", "test_search_pipeline.py", "test_team_remote.py", "test_team_concurrent.py",
-                 "test_sweep.py", "test_benchmarks.py", "test_launch.py", "test_stages.py", "test_tracking_server.py",
-                 "test_tracking.py", "test_hardware.py", "test_own_data.py", "test_bad_input.py")
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        name = item.path.name
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: the rest, and every file's own tests, keep their order

@@ -20,6 +20,7 @@ from pipelines.tracking import server as tracking_server
 from pipelines.tracking.tracker import Tracker
 
 from .conftest import REPO
+from .test_pipeline import TINY
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +109,29 @@ def test_runs_go_to_postgresql_and_artifacts_through_the_server(running, folder,
     with psycopg.connect(host="127.0.0.1", port=running["postgres_port"], user="mlflow", dbname="mlflow",
                          passfile=str(folder / "pgpass")) as conn:
         assert conn.execute("SELECT status FROM runs WHERE run_uuid = %s", (tracker.run_id,)).fetchone() == ("FINISHED",)
+
+
+def test_the_team_benchmark_times_both_stores_and_the_upload_through_the_server(running):
+    """benchmarks/team.py against this server: the stages on the tiny params against SQLite and the server,
+    and a checkpoint-sized file logged both ways, in one table."""
+    from benchmarks import team
+
+    command = [sys.executable, "-m", "benchmarks.team", "--server", running["url"], "--repeats", "1", "--megabytes",
+               "4", "--overrides", " ".join(TINY), "--json"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(figures["stages"]) == set(figures["upload"]) == {"sqlite", "server"}
+    for name in ("sqlite", "server"):
+        assert len(figures["stages"][name]["train_s"]) == len(figures["stages"][name]["evaluate_s"]) == 1
+        assert all(s > 0 for s in figures["stages"][name]["train_s"] + figures["upload"][name])
+    table = team.table(figures)
+    assert "| SQLite store (baseline) |" in table and "| 4 MB checkpoint logged as an artifact |" in table
+    import mlflow
+
+    uploads = [e for e in mlflow.MlflowClient(running["url"]).search_experiments()
+               if e.name.startswith("benchmark-upload-")]
+    assert uploads and all(e.artifact_location.startswith("mlflow-artifacts:") for e in uploads)  # the server's
 
 
 def test_the_database_password_is_in_no_command_line_state_or_log(running, folder):
