@@ -38,15 +38,17 @@ def server():
     base = Path(tempfile.mkdtemp(prefix="tracking-concurrent-"))
     base.chmod(0o755)  # PostgreSQL runs as `postgres` when the tests run as root
     command = [sys.executable, "-m", "pipelines.tracking.server", "--folder", str(base / "server")]
-    started = subprocess.run([*command, "--port", str(free_port()), "--auth", "--detach"], capture_output=True,
-                             text=True, timeout=180)
-    assert started.returncode == 0, started.stderr
-    user = subprocess.run([*command, "user", "team"], capture_output=True, text=True, timeout=120)
-    assert user.returncode == 0 and "may edit experiment 'detection'" in user.stdout, user.stderr
-    yield json.loads((base / "server" / "server.json").read_text())["url"], {
-        "MLFLOW_TRACKING_USERNAME": "team", "MLFLOW_TRACKING_PASSWORD": _password(user.stdout)}, base / "server"
-    tracking_server.stop(base / "server")
-    shutil.rmtree(base, ignore_errors=True)
+    try:  # stopped however the set-up ends: a failed assertion must not leave the servers running
+        started = subprocess.run([*command, "--port", str(free_port()), "--auth", "--detach"], capture_output=True,
+                                 text=True, timeout=180)
+        assert started.returncode == 0, started.stderr
+        user = subprocess.run([*command, "user", "team"], capture_output=True, text=True, timeout=120)
+        assert user.returncode == 0 and "may edit experiment 'detection'" in user.stdout, user.stderr
+        yield json.loads((base / "server" / "server.json").read_text())["url"], {
+            "MLFLOW_TRACKING_USERNAME": "team", "MLFLOW_TRACKING_PASSWORD": _password(user.stdout)}, base / "server"
+    finally:
+        tracking_server.stop(base / "server")
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _password(line: str) -> str:
