@@ -153,11 +153,11 @@ def test_the_tiny_pipeline_held_to_avx2_resolves_auto_to_fp32(tmp_path):
     fp32 and why, both MLflow runs record it, the model stores it and evaluate computes as it was trained."""
     import mlflow
 
-    from .test_pipeline import TINY, _copy_repo, _env
+    from .test_pipeline import TINY_ONE_PROCESS, _copy_repo, _env
 
     _copy_repo(tmp_path)
     env = {**_env(), **HOLD_AVX2}
-    subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY], cwd=tmp_path, env=env, check=True)
+    subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY_ONE_PROCESS], cwd=tmp_path, env=env, check=True)
     done = subprocess.run(["dvc", "repro"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=900)
     output = done.stdout

@@ -19,9 +19,10 @@ from .test_pipeline import _copy_repo, _env
 pytestmark = pytest.mark.slow
 
 # Not in the documented command, only to keep this test near a minute on 2 cores (twice that without them): smaller
-# input sizes, no loader workers and 8 of the smoke solver's 20 iterations. Data, paths and stages as written.
+# input sizes, no loader workers, 8 of the smoke solver's 20 iterations and one process. Data, paths and stages as written.
 FAST = ["-S", "model.min_size_train=[160]", "-S", "model.max_size_train=224", "-S", "model.min_size_test=160",
-        "-S", "model.max_size_test=224", "-S", "loader.num_workers=0", "-S", "train.max_iter=8"]
+        "-S", "model.max_size_test=224", "-S", "loader.num_workers=0", "-S", "train.max_iter=8",
+        "-S", "train.nproc=1"]
 PATH_KEYS = ("dataset.train_images", "dataset.train_annotations", "dataset.val_images", "dataset.val_annotations")
 
 

@@ -28,6 +28,9 @@ TINY = [
     "train.max_iter=4", "train.ims_per_batch=4", "train.log_period=1", "train.warmup_iters=1",
     "evaluate.ims_per_batch=2", "evaluate.tta=false", "loader.num_workers=0",
 ]  # train.checkpoint_period stays 250: a run shorter than the checkpoint period must work
+# End-to-end tests about something other than DDP train and evaluate in one process: each process imports
+# torch, torchvision and MLflow (about 7 s of CPU), and the suite is CPU-bound on 2 cores.
+TINY_ONE_PROCESS = [*TINY, "train.nproc=1"]
 
 
 def _copy_repo(dest: Path) -> None:

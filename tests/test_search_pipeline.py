@@ -15,7 +15,7 @@ import pytest
 from pipelines.policy import decode_policy
 
 from .search_probe import kill_when_scored
-from .test_pipeline import TINY, _copy_repo, _env
+from .test_pipeline import TINY_ONE_PROCESS as TINY, _copy_repo, _env
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ import pytest
 from pipelines import s3server
 from pipelines.lifetime import free_port
 
-from .test_pipeline import TINY, _copy_repo, _env, _repro
+from .test_pipeline import TINY_ONE_PROCESS as TINY, _copy_repo, _env, _repro
 
 pytestmark = pytest.mark.slow
 

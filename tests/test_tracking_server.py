@@ -20,7 +20,7 @@ from pipelines.tracking import server as tracking_server
 from pipelines.tracking.tracker import Tracker
 
 from .conftest import REPO
-from .test_pipeline import TINY
+from .test_pipeline import TINY_ONE_PROCESS
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +117,7 @@ def test_the_team_benchmark_times_both_stores_and_the_upload_through_the_server(
     from benchmarks import team
 
     command = [sys.executable, "-m", "benchmarks.team", "--server", running["url"], "--repeats", "1", "--megabytes",
-               "4", "--overrides", " ".join(TINY), "--json"]
+               "4", "--overrides", " ".join(TINY_ONE_PROCESS), "--json"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
