@@ -55,15 +55,9 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
     exception with 1, its type named and no traceback. ``PIPELINES_DEBUG=1`` re-raises instead.
     Under torchrun or :mod:`pipelines.launch`, the failing process also writes the line to the error
     file torchrun names (``TORCHELASTIC_ERROR_FILE``); under the launcher only the launcher prints it
-    (once, for the whole group), otherwise rank 0 does. A process that the launcher started dies with
-    it (:func:`pipelines.lifetime.die_with_launcher`).
+    (once, for the whole group), otherwise rank 0 does.
     """
     rank = int(os.environ.get("RANK", "0"))
-    launcher = os.environ.get(LAUNCHED_ENV, "")
-    if launcher.isdigit():
-        from .lifetime import die_with_launcher
-
-        die_with_launcher(int(launcher))
     setup_logging(rank)
     stop, previous = _stop_on_signals()
     try:

@@ -113,7 +113,7 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
             if name.startswith("torch.distributed.elastic"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each process sets its own thread count
-    os.environ[cli.LAUNCHED_ENV] = str(os.getpid())  # processes leave the reporting to the launcher, and die with it
+    os.environ[cli.LAUNCHED_ENV] = str(os.getpid())  # processes leave the reporting to the launcher
     # Each round of processes gets a store of its own (hosted by its rank 0): with the agent's store
     # shared across rounds, the processes of a restarted group read the previous round's gloo
     # addresses and fail to connect (torch 2.14; measured: every restart failed).
@@ -129,7 +129,8 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
                               rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts,
                               logs_specs=DefaultLogsSpecs(log_dir=logs))
         try:
-            elastic_launch(config, sys.executable)("-u", "-m", module, *args)
+            elastic_launch(config, sys.executable)("-u", "-m", "pipelines.lifetime", "--die-with", str(os.getpid()),
+                                                   module, *args)
         except ChildFailedError as err:
             if debug:
                 raise

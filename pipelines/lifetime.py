@@ -7,18 +7,23 @@
   stop request. Two mechanisms, because either alone has a gap: Linux's parent-death signal
   (``prctl(PR_SET_PDEATHSIG)``, immediate, but only for the direct parent and lost if the parent
   died before it was set) and a watcher thread on a pidfd of the watched process (any process; a
-  polled ``kill(pid, 0)`` where pidfds are missing).
+  polled ``kill(pid, 0)`` where pidfds are missing). The launcher starts each process as
+  ``python -m pipelines.lifetime --die-with LAUNCHER MODULE ARGS...`` (:func:`main`), so that the link
+  is in place before the module imports torch: that import takes seconds of CPU, more on a loaded
+  machine, and a process still importing when its launcher was killed would outlive it that long.
 * :class:`FolderLock`: one training run per folder. An exclusive ``flock`` that the kernel releases
   when its holder dies, however it dies; the lock file names the holder for the refusal message.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import fcntl
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -228,3 +233,21 @@ class FolderLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pipelines.lifetime --die-with PID MODULE ARGS...``: link this process's life to process
+    ``PID`` (:func:`die_with_launcher`), then run ``MODULE`` as ``python -m MODULE ARGS...`` would, in
+    this process."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.lifetime", description=main.__doc__)
+    parser.add_argument("--die-with", type=int, required=True, metavar="PID", help="the launcher's pid")
+    parser.add_argument("module", help="the module to run as __main__, e.g. stages.train")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the module's arguments")
+    args = parser.parse_args(argv)
+    die_with_launcher(args.die_with)
+    sys.argv = [args.module, *args.args]  # runpy puts the module's path in sys.argv[0]
+    runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -103,12 +103,12 @@ def test_bad_params_stop_before_any_process_starts(params, tmp_path):
                                    "processes (train.nproc = 2), got 7")
 
 
-def _workers(launcher: subprocess.Popen) -> list[int]:
+def _workers(launcher: subprocess.Popen, settle_s: float = 2.0) -> list[int]:
     deadline = time.monotonic() + 60
     while len(workers := _children(launcher.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(workers) == 2
-    time.sleep(2)  # both have started
+    time.sleep(settle_s)  # both have started
     return workers
 
 
@@ -132,9 +132,10 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
 
 def test_a_launcher_killed_with_sigkill_takes_its_processes_with_it(params, tmp_path):
     """What the OOM killer does: the launcher cannot stop anyone, so its processes must die by themselves,
-    at once; the agent's log folder that it could not remove goes at the next launch."""
+    at once, even while they are still importing torch (seconds of CPU); the agent's log folder that it
+    could not remove goes at the next launch."""
     launcher = _start(params, "tests.launch_probe", "--fail", "sleep", tmpdir=tmp_path)
-    workers = _workers(launcher)
+    workers = _workers(launcher, settle_s=0.5)
     launcher.kill()
     launcher.wait(timeout=10)
     assert _gone_within(workers, 5)

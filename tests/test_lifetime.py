@@ -62,14 +62,43 @@ def test_watching_a_process_that_is_already_gone_kills_at_once():
 
 
 def test_a_launched_process_whose_launcher_is_already_gone_dies_at_once():
-    """The launcher's pid, passed in the environment, is not this process's parent: it was handed on."""
-    child = _python("""
-        import time
-        from pipelines import cli
-        cli.run(lambda argv: print("ran", flush=True))
-    """, PIPELINES_LAUNCHED="1")  # pid 1 is not this process's parent
+    """The launcher's pid is not this process's parent: it was handed on before the link was made."""
+    child = subprocess.Popen([sys.executable, "-m", "pipelines.lifetime", "--die-with", "1", "json.tool", "--help"],
+                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # pid 1 is not its parent
     assert child.wait(timeout=30) == -signal.SIGKILL
-    assert "ran" not in child.stdout.read()
+    assert child.stdout.read() == ""
+
+
+def test_a_launched_process_runs_its_module_with_its_arguments(tmp_path):
+    (tmp_path / "in.json").write_text('{"a": [1, 2]}')
+    done = subprocess.run([sys.executable, "-m", "pipelines.lifetime", "--die-with", str(os.getpid()), "json.tool",
+                           "--compact", str(tmp_path / "in.json")], cwd=REPO, text=True, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == '{"a":[1,2]}\n'
+
+
+def test_a_launched_process_dies_with_its_launcher_while_its_module_is_still_importing(tmp_path):
+    """A stage module imports torch first (seconds of CPU, more on a loaded machine): the link to the
+    launcher is in place before that import, so a launcher killed then takes the process with it."""
+    importing = tmp_path / "importing"
+    (tmp_path / "slow_import.py").write_text(f"import time\nopen({str(importing)!r}, 'w').close()\ntime.sleep(60)\n")
+    launcher = _python(f"""
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-m", "pipelines.lifetime", "--die-with", str(os.getpid()),
+                                  "slow_import"], env={{**os.environ, "PYTHONPATH": {str(REPO)!r} + ":" + {str(tmp_path)!r}}})
+        print(child.pid, flush=True)
+        time.sleep(60)
+    """)
+    child = int(launcher.stdout.readline())
+    deadline = time.monotonic() + 30
+    while not importing.exists():  # the child is in its module's import
+        assert time.monotonic() < deadline and alive(child)
+        time.sleep(0.05)
+    launcher.kill()
+    launcher.wait(timeout=10)
+    assert _gone_within(child, 5)
 
 
 def test_the_owner_of_a_command_is_found_beyond_the_shells_that_run_it():

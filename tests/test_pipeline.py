@@ -341,10 +341,16 @@ def _argv(pid: int) -> list[str]:
 
 
 def _runs_module(pid: int, module: str) -> bool:
-    """Whether ``pid`` is a Python process running ``-m module`` (not a shell that starts one: dash,
-    Debian's ``/bin/sh``, which DVC runs commands with when ``SHELL`` is unset, stays in between)."""
+    """Whether ``pid`` is a Python process running ``-m module``, directly or as a launched process
+    (``-m pipelines.lifetime --die-with PID module``); not a shell that starts one (dash, Debian's
+    ``/bin/sh``, which DVC runs commands with when ``SHELL`` is unset, stays in between)."""
     argv = _argv(pid)
-    return "-m" in argv and argv.index("-m") + 1 < len(argv) and argv[argv.index("-m") + 1] == module
+    if "-m" not in argv:
+        return False
+    ran = argv[argv.index("-m") + 1:]
+    if ran[:2] == ["pipelines.lifetime", "--die-with"]:
+        ran = ran[3:]
+    return ran[:1] == [module]
 
 
 def _training_processes(pid: int) -> list[int]:
