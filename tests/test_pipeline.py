@@ -110,7 +110,7 @@ def test_repro_runs_four_stages_and_records_a_training_and_an_evaluation_run(rep
     assert not (repo / "search" / "outputs").exists() and not (repo / "search" / "data").exists()
     assert _repro(repo, "--dry") == set() and _dvc_json(repo, "status") == {}
     checkout = subprocess.run(["dvc", "checkout"], cwd=repo, env=_env(), capture_output=True, text=True)
-    assert checkout.returncode == 0 and "ERROR" not in checkout.stderr, checkout.stderr  # `dvc pull`: test_team_remote
+    assert checkout.returncode == 0 and "ERROR" not in checkout.stderr, checkout.stderr  # `dvc pull`: test_team
 
     metrics = json.loads((repo / "metrics" / "eval.json").read_text())
     assert list(metrics) == COCO_FIGURES  # headline figures only: as wide whatever the number of classes
