@@ -22,18 +22,28 @@ gloo on CPU, NCCL on GPU. What it adds is the way failures read:
   says so (0), where Python's interpreter shutdown would otherwise die silently by the signal;
 * nothing outlives it: the processes it starts die (SIGKILL) the moment it dies, however it dies,
   and a launcher that DVC started dies the moment ``dvc`` does (:mod:`pipelines.lifetime`).
+
+One process on one node (``train.nproc: 1``, the evaluate stage with ``--single-node`` on one
+process) has no group to form: the launcher starts it itself, with torchrun's environment for it
+(``RANK`` 0, ``WORLD_SIZE`` 1, a run id, an error file), and reads the same way. torchrun's agent,
+whose import and rendezvous cost about 4 s of CPU per stage (measured on 2 AVX2 cores), is left out;
+``launch.max_restarts`` > 0 still goes through it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
+import select
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -44,6 +54,7 @@ from .tracking.run import close_run_file
 
 log = logging.getLogger("launch")
 LOGS_PREFIX = "torchelastic_pipelines_"
+STOP_GRACE_S = 30.0  # how long a stopped process has to end before SIGKILL (torchrun's agent waits as long)
 STOPPED_CODES = {code for signum in STOP_SIGNALS for code in (-signum, 128 + signum)}
 
 
@@ -86,12 +97,12 @@ def root_cause(failures: dict) -> tuple[int, object]:
     return min(failures.items(), key=key)
 
 
-def describe(rank: int, failure) -> str:
-    """One line for a failed process."""
-    if failure.exitcode < 0:
-        return (f"process rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}; "
+def describe(rank: int, pid: int, exitcode: int, message: str = "") -> str:
+    """One line for a failed process (``exitcode`` < 0: killed by that signal; ``message``: its error file's)."""
+    if exitcode < 0:
+        return (f"process rank {rank} (pid {pid}) was killed by {signal.Signals(-exitcode).name}; "
                 "run the stage again to resume from its newest checkpoint")
-    return _message(failure) or f"process rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}"
+    return message or f"process rank {rank} (pid {pid}) exited with code {exitcode}"
 
 
 def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_endpoint: str = "localhost:0",
@@ -102,6 +113,10 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
     With more, every node runs the same command; they meet at ``rdzv_endpoint`` (c10d, hosted by the
     agent on the machine that has that address) under ``rdzv_id``. ``max_restarts`` > 0 restarts the
     whole group after a failure (a stage then resumes from its newest checkpoint)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # each process sets its own thread count
+    os.environ[cli.LAUNCHED_ENV] = str(os.getpid())  # processes leave the reporting to the launcher
+    if nproc * nodes == 1 and max_restarts == 0:
+        return _launch_one(module, args, run_file=run_file)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -112,8 +127,6 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
         for name in [*logging.root.manager.loggerDict, "torch.distributed.elastic"]:  # torch sets each one's level
             if name.startswith("torch.distributed.elastic"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # each process sets its own thread count
-    os.environ[cli.LAUNCHED_ENV] = str(os.getpid())  # processes leave the reporting to the launcher
     # Each round of processes gets a store of its own (hosted by its rank 0): with the agent's store
     # shared across rounds, the processes of a restarted group read the previous round's gloo
     # addresses and fail to connect (torch 2.14; measured: every restart failed).
@@ -136,15 +149,83 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
                 raise
             rank, failure = root_cause(err.failures)
             close_run_file(run_file, "KILLED" if failure.exitcode < 0 else "FAILED")
-            print(f"\nerror: {describe(rank, failure)}", file=sys.stderr)  # on its own line, after any progress bar
+            print(f"\nerror: {describe(rank, failure.pid, failure.exitcode, _message(failure))}", file=sys.stderr)  # on its own line, after any progress bar
             return 2
         except (SignalException, _Signalled) as err:
-            _ignore_stop_signals()  # a second signal must not cut the report short
-            close_run_file(run_file, "KILLED")
-            print(f"\nerror: stopped by {signal.Signals(err.sigval).name}", file=sys.stderr)
-            return 128 + int(err.sigval)
+            return _stopped(int(err.sigval), run_file)
     _ignore_stop_signals()  # done: a late signal changes nothing
     return 0
+
+
+def _launch_one(module: str, args: list[str], *, run_file: str | None) -> int:
+    """Run ``python -m module args`` as the one process of a one-process group, reporting as :func:`launch`
+    does: a stop signal is passed on to the process (which stops at an iteration boundary), and the
+    process's failure is one line read from its error file."""
+    _remove_stale_log_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{LOGS_PREFIX}{os.getpid()}_", ignore_cleanup_errors=True) as logs:
+        error_file = Path(logs, "error.json")
+        env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": "1",
+               "LOCAL_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": str(uuid.uuid4()),
+               "TORCHELASTIC_ERROR_FILE": str(error_file)}
+        received: list[int] = []
+        process = None
+
+        def pass_on(signum, _frame):
+            received.append(signum)
+            if process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signum)
+
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, pass_on)
+        process = subprocess.Popen([sys.executable, "-u", "-m", "pipelines.lifetime", "--die-with", str(os.getpid()),
+                                    module, *args], env=env)
+        if received:  # came while it was being started
+            process.send_signal(received[0])
+        exitcode = _wait(process, received)
+        if received:
+            return _stopped(received[0], run_file)
+        _ignore_stop_signals()  # done: a late signal changes nothing
+        if exitcode == 0:
+            return 0
+        message = ""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            message = str(json.loads(error_file.read_text()).get("message", ""))
+        close_run_file(run_file, "KILLED" if exitcode < 0 else "FAILED")
+        print(f"\nerror: {describe(0, process.pid, exitcode, message)}", file=sys.stderr)
+        return 2
+
+
+def _wait(process: subprocess.Popen, received: list[int]) -> int:
+    """``process``'s exit code; once a stop signal is in ``received``, SIGKILL after torchrun's grace
+    period if it has not stopped by then. Wakes twice a second (on the process's pidfd where there is one)."""
+    try:
+        exited = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # no pidfds: poll
+        exited = None
+    stop_deadline = None
+    try:
+        while (exitcode := process.poll()) is None:
+            if exited is None:
+                time.sleep(0.5)
+            else:
+                select.select([exited], [], [], 0.5)
+            if received and stop_deadline is None:
+                stop_deadline = time.monotonic() + STOP_GRACE_S
+            if stop_deadline is not None and time.monotonic() > stop_deadline:
+                process.kill()
+        return exitcode
+    finally:
+        if exited is not None:
+            os.close(exited)
+
+
+def _stopped(signum: int, run_file: str | None) -> int:
+    """Report a stop by signal ``signum``: the run file's run KILLED, one line, exit code 128 + ``signum``."""
+    _ignore_stop_signals()  # a second signal must not cut the report short
+    close_run_file(run_file, "KILLED")
+    print(f"\nerror: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+    return 128 + signum
 
 
 def _remove_stale_log_folders() -> None:

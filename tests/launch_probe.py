@@ -19,20 +19,23 @@ def _barrier():
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--params")
-    parser.add_argument("--fail", choices=["none", "user-error-on-rank-1", "bug-on-rank-1", "sigkill-rank-1", "sleep"])
+    parser.add_argument("--fail", choices=["none", "user-error", "bug", "sigkill", "sleep"],
+                        help="what the last rank does (the others wait)")
     parser.add_argument("--done-file", help="rank 0 creates it as its last act")
     args = parser.parse_args(argv)
     distributed.init_from_env()
     rank = distributed.get_rank()
+    last = rank == distributed.get_world_size() - 1
     _barrier()
-    if rank == 1 and args.fail == "user-error-on-rank-1":
+    if last and args.fail == "user-error":
         raise DatasetError("images/x.jpg: image id 7: unreadable image (probe)")
-    if rank == 1 and args.fail == "bug-on-rank-1":
+    if last and args.fail == "bug":
         raise ZeroDivisionError("division by zero (probe)")
-    if rank == 1 and args.fail == "sigkill-rank-1":
+    if last and args.fail == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     if args.fail != "none":
-        time.sleep(60)  # "sleep": until the launcher stops the group  # rank 0 is still busy when rank 1 fails: the launcher must stop it
+        time.sleep(60)  # "sleep": until the launcher stops the group; else the
+        # others are still busy when the last rank fails: the launcher must stop them
     _barrier()
     distributed.shutdown()
     if rank == 0 and args.done_file:

@@ -327,9 +327,12 @@ def test_a_failing_stage_keeps_every_earlier_output(repo, section, key, value, m
 
 
 def _descendants(pid: int) -> list[int]:
+    """``pid``'s descendants now (threads and processes that end while they are read are passed over)."""
     children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                children += [int(c) for c in (task / "children").read_text().split()]
     return children + [d for c in children for d in _descendants(c)]
 
 
@@ -367,6 +370,18 @@ def _training_processes(pid: int) -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def _killed_on_failure(dvc: subprocess.Popen):
+    """Kill the ``dvc`` this test started (and so its stage) if the test fails while it runs: a ``dvc repro``
+    left running would hold the repository's lock for the tests after."""
+    try:
+        yield
+    except BaseException:
+        dvc.kill()
+        dvc.wait()
+        raise
+
+
 def _signal_training(repo: Path, *, at: int) -> tuple[subprocess.CompletedProcess, int]:
     """Start ``dvc repro``; once the training log has a row for iteration ``at`` or later, SIGKILL one of
     the training processes the test started (found by pid among its descendants). Returns the finished
@@ -376,17 +391,18 @@ def _signal_training(repo: Path, *, at: int) -> tuple[subprocess.CompletedProces
                            text=True)
     stale = log.stat().st_mtime_ns if log.is_file() else None  # a log this run has not written yet
     deadline, reached = time.monotonic() + 600, 0
-    while time.monotonic() < deadline and dvc.poll() is None:
-        fresh = log.is_file() and log.stat().st_mtime_ns != stale
-        rows = log.read_text().splitlines()[1:] if fresh else []
-        reached = int(rows[-1].split(",")[0]) if rows else 0
-        if reached >= at and (targets := _training_processes(dvc.pid)):
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail(f"training did not reach iteration {at}: {dvc.communicate()[1][-2000:]}")
-    os.kill(random.Random(at).choice(targets), signal.SIGKILL)
-    stdout, stderr = dvc.communicate(timeout=600)
+    with _killed_on_failure(dvc):
+        while time.monotonic() < deadline and dvc.poll() is None:
+            fresh = log.is_file() and log.stat().st_mtime_ns != stale
+            rows = log.read_text().splitlines()[1:] if fresh else []
+            reached = int(rows[-1].split(",")[0]) if rows else 0
+            if reached >= at and (targets := _training_processes(dvc.pid)):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"training did not reach iteration {at}: {dvc.communicate()[1][-2000:]}")
+        os.kill(random.Random(at).choice(targets), signal.SIGKILL)
+        stdout, stderr = dvc.communicate(timeout=600)
     return subprocess.CompletedProcess(dvc.args, dvc.returncode, stdout, stderr), reached
 
 
