@@ -648,8 +648,10 @@ def test_distributed_evaluation_gives_the_metrics_of_one_process(repo, tmp_path)
 
 
 def test_an_unreachable_tracking_store_does_not_stop_training_or_evaluation(repo):
-    """(With a new dataset seed, which re-runs every stage.)"""
+    """(With a new dataset seed, which re-runs every stage, and the tiny training again.)"""
     _set_param(repo, "dataset", "seed", 1)
+    for section, key, value in (("train", "max_iter", 4), ("train", "checkpoint_period", 250)):
+        _set_param(repo, section, key, value)
     env = {**_env(), "MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # nothing listens on port 9
     done = subprocess.run(["dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

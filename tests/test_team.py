@@ -198,6 +198,20 @@ def test_the_database_password_is_in_no_command_line_state_or_log(server):
         assert password not in path.read_text(errors="replace")
 
 
+def test_the_server_runs_without_mlflows_job_runner(server):
+    """Its session (``start_new_session``: the server's pid leads it) holds the server and its one worker, no
+    huey consumer or job runner."""
+    commands = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == server["pid"]:
+                commands.append((proc / "cmdline").read_bytes().decode(errors="replace").replace("\0", " "))
+        except OSError:  # gone meanwhile
+            pass
+    assert commands and any("mlflow server" in c or "uvicorn" in c for c in commands), commands
+    assert not [c for c in commands if "huey" in c or "job_runner" in c], commands
+
+
 def test_a_second_server_on_the_folder_or_port_is_a_one_line_error(server):
     folder = server["folder"]
     again = _server("--folder", str(folder), "--port", str(free_port()), "--detach")
