@@ -22,9 +22,17 @@ def main(argv=None):
     parser.add_argument("--fail", choices=["none", "user-error", "bug", "sigkill", "sleep"],
                         help="what the last rank does (the others wait)")
     parser.add_argument("--done-file", help="rank 0 creates it as its last act")
+    parser.add_argument("--run-file", help="rank 0 opens an MLflow run and names it there while it runs, as a stage does")
     args = parser.parse_args(argv)
     distributed.init_from_env()
     rank = distributed.get_rank()
+    if rank == 0 and args.run_file:
+        import mlflow
+
+        from pipelines.tracking.run import write_run_file
+
+        run = mlflow.MlflowClient().create_run("0")  # the store's Default experiment
+        write_run_file(args.run_file, run_id=run.info.run_id, experiment="Default", status="running")
     last = rank == distributed.get_world_size() - 1
     _barrier()
     if last and args.fail == "user-error":

@@ -2,6 +2,7 @@
 Most tests run twice: with two processes (torchrun's agent) and with one (which the launcher starts itself)."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -108,6 +109,25 @@ def test_a_killed_process_is_named_with_its_signal(group):
     lines = _error_lines(done)
     assert len(lines) == 1 and lines[0].startswith(f"error: process rank {nproc - 1} (pid ")
     assert "killed by SIGKILL" in lines[0]
+
+
+@pytest.mark.parametrize("group", [1], indirect=True, ids=["one-process"])
+def test_a_run_left_running_by_a_killed_process_is_closed_as_killed(group, tmp_path):
+    """The run file names the run a process had open when it was killed: the launcher ends that run KILLED.
+    One process, which the launcher starts itself (tests/test_pipeline.py kills one of two, under torchrun's
+    agent)."""
+    import mlflow
+
+    params, _ = group
+    store, run_file = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("PIPELINES_DEBUG", "PIPELINES_LAUNCHED")}
+    done = subprocess.run([sys.executable, "-m", "pipelines.launch", "--params", str(params), "--run-file", str(run_file),
+                           "tests.launch_probe", "--fail", "sigkill"], cwd=REPO,
+                          env={**env, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": store},
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2 and "killed by SIGKILL" in done.stderr, done.stderr[-2000:]
+    run_id = json.loads(run_file.read_text())["run_id"]
+    assert mlflow.MlflowClient(store).get_run(run_id).info.status == "KILLED"
 
 
 def test_debug_shows_torchruns_report(params):
