@@ -30,6 +30,7 @@ from pipelines.tracking.tracker import Tracker
 
 from .conftest import REPO
 from .test_pipeline import TINY_ONE_PROCESS, _copy_repo, _env, _repro
+from .test_sweep import QUEUE_POLL_S
 
 pytestmark = pytest.mark.slow
 
@@ -310,7 +311,7 @@ def writers(server, s3, tmp_path_factory):
     while re.search(r"\b(Queued|Running)\b", status := subprocess.run(
             ["dvc", "queue", "status"], cwd=repos["sweep"], env=env, capture_output=True, text=True).stdout):
         assert time.monotonic() < deadline, status
-        time.sleep(2)
+        time.sleep(QUEUE_POLL_S)
     assert all(re.search(rf"{name}\s.*\bSuccess\b", status) for name in names), status
     for file in files.values():
         file.close()
