@@ -26,7 +26,7 @@ gloo on CPU, NCCL on GPU. What it adds is the way failures read:
 One process on one node (``train.nproc: 1``, the evaluate stage with ``--single-node`` on one
 process) has no group to form: the launcher starts it itself, with torchrun's environment for it
 (``RANK`` 0, ``WORLD_SIZE`` 1, a run id, an error file), and reads the same way. torchrun's agent,
-whose import and rendezvous cost about 4 s of CPU per stage (measured on 2 AVX2 cores), is left out;
+whose import and rendezvous cost about 3 s of CPU per stage (measured on 2 AVX2 cores, fp32), is left out;
 ``launch.max_restarts`` > 0 still goes through it.
 """
 
