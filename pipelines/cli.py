@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import json
 import logging
 import os
@@ -12,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from .errors import STOP_SIGNALS, PipelineError, Stopped, first_line
 
@@ -56,10 +59,16 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
     Under torchrun or :mod:`pipelines.launch`, the failing process also writes the line to the error
     file torchrun names (``TORCHELASTIC_ERROR_FILE``); under the launcher only the launcher prints it
     (once, for the whole group), otherwise rank 0 does.
+
+    Where ``main`` is the program's own (``python -m stages.train``: its module is ``__main__``), the process
+    then ends through :func:`exit_now`; called from other code (a test), it raises ``SystemExit`` as
+    ``sys.exit`` does.
     """
+    program = getattr(main, "__module__", None) == "__main__"
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
     stop, previous = _stop_on_signals()
+    code: int | str | None = 0
     try:
         main(argv)
     except (PipelineError, Stopped, Exception) as err:
@@ -72,13 +81,42 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
         _record(line)
         if rank == 0 and not os.environ.get(LAUNCHED_ENV):
             print(f"error: {line}", file=sys.stderr)
-        sys.exit(code)
     except KeyboardInterrupt:  # a SIGINT that came while another handler was in place
-        sys.exit(130)
+        code = 130
+    except SystemExit as exit_:  # argparse's usage errors, --help
+        if not program:
+            raise
+        code = exit_.code
     finally:
         for signum, handler in previous.items():  # those the stage did not replace with its own
             if signal.getsignal(signum) is stop:
                 signal.signal(signum, handler)
+    if program:
+        exit_now(code)
+    if code:
+        sys.exit(code)
+
+
+def exit_now(code: int | str | None = 0) -> NoReturn:
+    """End this process as ``sys.exit(code)`` would, less the interpreter's teardown of its modules.
+
+    That teardown costs about 2 s of CPU per stage process (the tiny train and evaluate stages, one process
+    each, on a 2-core AVX512-BF16 EPYC: 10.7 s and 9.1 s of CPU ending normally, 8.7 s and 7.1 s ending
+    like this), paid by every process of every stage. What an exit does that matters is done first, in the
+    interpreter's order: ``threading._shutdown`` (its exit callbacks, which stop idle thread pools, then a
+    join of the other non-daemon threads), the ``atexit`` handlers (logging's flush, multiprocessing's
+    clean-up of loader workers, ``weakref.finalize``), standard output and error flushed; then
+    ``os._exit``. Files the stages write are closed or flushed where they are written, never left to the
+    garbage collector."""
+    if isinstance(code, str):  # sys.exit("message"): the message on stderr, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)
 
 
 def _stop_on_signals():

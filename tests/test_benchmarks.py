@@ -271,7 +271,7 @@ def test_sizing_benchmark_runs_a_candidate_through_the_stages(capsys):
     tiny = ("dataset.train_size=8 dataset.val_size=4 dataset.min_side=128 dataset.max_side=160 "
             "model.min_size_train=[128] model.max_size_train=160 model.min_size_test=128 model.max_size_test=160 "
             "train.max_iter=2 train.ims_per_batch=4 train.log_period=1 train.warmup_iters=1 loader.num_workers=0 "
-            "evaluate.ims_per_batch=2")
+            "evaluate.ims_per_batch=2 train.nproc=1")  # one process: the stages' start-up is most of the CPU here
     sizing.main(["--candidate", tiny, "--json"])
     (found,) = json.loads(capsys.readouterr().out)["candidates"]
     assert found["images"] == 8 and found["train_s"] > 0 and found["evaluate_s"] > 0

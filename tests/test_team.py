@@ -288,10 +288,17 @@ def writers(server, s3, tmp_path_factory):
     credentials only in ``.dvc/config.local``), as a team's repository would: ``{"repos", "names", "logs"}``."""
     root = tmp_path_factory.mktemp("writers")
     env = {**_env(), "MLFLOW_TRACKING_URI": server["url"], **server["credentials"], **SLOW_SERVER}
+    # the data is prepared and cached once, committed (dvc.lock) and copied with DVC's cache: every run below
+    # starts at train, which is what writes to the server (each `dvc exp run` skips prepare and cache)
+    template = root / "template"
+    template.mkdir()
+    _copy_repo(template)
+    _run(template, sys.executable, "-m", "pipelines.compose", *CI[1::2])
+    _run(template, "dvc", "repro", "cache")
+    _commit(template, "the data, prepared")
     repos = {name: root / name for name in ("one", "two", "sweep")}
     for name, repo in repos.items():
-        repo.mkdir()
-        _copy_repo(repo)
+        shutil.copytree(template, repo, symlinks=True)
         _use_remote(repo, s3["commands"], name)
         _commit(repo, "the team's remote")
     queued = subprocess.run([*NICE, "dvc", "exp", "run", "--queue", *CI, "-S", "augment=none,flip"], cwd=repos["sweep"],
@@ -324,6 +331,7 @@ def test_two_clones_and_a_queued_sweep_write_to_one_server_at_once(writers, as_t
     repos, names = writers["repos"], writers["names"]
     text = "".join(log.read_text() for log in writers["logs"].values())
     assert "MLflow store" not in text and "database is locked" not in text  # no store failure, no warning
+    assert "Running stage 'train'" in text and "Running stage 'prepare'" not in text  # the data came prepared
 
     password = as_team["credentials"]["MLFLOW_TRACKING_PASSWORD"]
     assert password not in text  # in no log
