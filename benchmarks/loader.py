@@ -40,6 +40,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
 from pipelines import build
+from pipelines.cli import exit_now
 from pipelines.config import Params, SyntheticDataset, params_from_dict
 from pipelines.data.annotation_cache import AnnotationCache, build_cache
 from pipelines.data.dataset import DetectionDataset
@@ -253,3 +254,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # without the interpreter's teardown of torch and MLflow: about 2 s of CPU

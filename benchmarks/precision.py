@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from pipelines import build, hardware
+from pipelines.cli import exit_now
 from pipelines.config import Params
 from pipelines.engine import train_step
 from pipelines.hardware import Compute
@@ -171,3 +172,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # without the interpreter's teardown of torch and MLflow: about 2 s of CPU

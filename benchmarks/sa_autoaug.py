@@ -48,6 +48,7 @@ import numpy as np
 import torch
 import yaml
 
+from pipelines.cli import exit_now
 from pipelines.compose import compose_params
 from pipelines.config import params_from_dict
 from pipelines.data.annotation_cache import AnnotationCache, build_cache
@@ -292,3 +293,4 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # without the interpreter's teardown of torch and MLflow: about 2 s of CPU

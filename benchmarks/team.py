@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from pipelines.cli import exit_now
 from pipelines.compose import compose_params
 from pipelines.lifetime import free_port
 
@@ -148,3 +149,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # without the interpreter's teardown of torch and MLflow: about 2 s of CPU

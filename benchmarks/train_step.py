@@ -66,6 +66,7 @@ import torch.multiprocessing as mp
 from benchmarks.loader import add_dataset_arguments, load_benchmark_params, make_dataset
 from pipelines import build, distributed
 from pipelines.checkpoint import Checkpointer
+from pipelines.cli import exit_now
 from pipelines.config import Params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
@@ -510,3 +511,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # without the interpreter's teardown of torch and MLflow: about 2 s of CPU
