@@ -32,7 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.cli import exit_now
 from pipelines.lifetime import parent_death_signal
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,4 +238,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-    exit_now()  # without the interpreter's teardown of torch and MLflow: about 2 s of CPU

@@ -433,7 +433,7 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     assert "ChildFailedError" not in killed.stderr
     assert hashlib.sha256(_weights(repo)).hexdigest() == uninterrupted  # the earlier model is still there
 
-    dvc, reached = _start_training(repo, at=killed_at + 2, stage="train", start_new_session=True)  # its own group
+    dvc, reached = _start_training(repo, "train", at=killed_at + 2, start_new_session=True)  # its own group
     os.killpg(dvc.pid, signal.SIGINT)
     _, stderr = dvc.communicate(timeout=120)
     assert dvc.returncode != 0 and stderr.count("resuming from") == 1
@@ -470,13 +470,13 @@ def test_killed_or_stopped_training_resumes_to_the_same_weights_bit_for_bit(repo
     assert _dvc_json(repo, "status", "train") == {}  # the launch section is not the stage's dependency
 
 
-def _start_training(repo: Path, *, at: int, env: dict | None = None, stage: str | None = None,
+def _start_training(repo: Path, *targets: str, at: int, env: dict | None = None,
                     **popen) -> tuple[subprocess.Popen, int]:
-    """Start ``dvc repro`` (of ``stage`` and what it needs, if given); return it once the training log of this
-    run has a row for iteration ``at`` or later (and that iteration)."""
+    """Start ``dvc repro`` (of ``targets`` and what they need, if given); return it once the training log of
+    this run has a row for iteration ``at`` or later (and that iteration)."""
     log = repo / "outputs" / "train" / "checkpoints" / "train_log.csv"
     stale = log.stat().st_mtime_ns if log.is_file() else None
-    dvc = subprocess.Popen(["dvc", "repro", *filter(None, [stage])], cwd=repo, env=env or _env(), stdout=subprocess.PIPE,
+    dvc = subprocess.Popen(["dvc", "repro", *targets], cwd=repo, env=env or _env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, **popen)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and dvc.poll() is None:
