@@ -84,7 +84,7 @@ def test_the_bins_hold_the_positive_locations_classification_and_regression_loss
     assert positives > 0 and (bins[[0, 1, 2]] > 0).all() and bins[3] == 0
     assert torch.allclose(bins, expected, rtol=1e-5)
     # the regression part is FCOS's own regression loss before its division by the positive count
-    assert float(measured["bbox_regression"]) * positives < float(bins.sum())
+    assert float(measured["bbox_regression"].detach()) * positives < float(bins.sum())
 
 
 def test_the_bins_add_up_over_steps_until_taken_and_stop_when_switched_off():
