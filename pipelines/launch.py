@@ -144,6 +144,10 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
         try:
             elastic_launch(config, sys.executable)("-u", "-m", "pipelines.lifetime", "--die-with", str(os.getpid()),
                                                    module, *args)
+            # Done: a late signal changes nothing. Inside the try, so that one that comes before this line
+            # is a stop; after it, none can raise (the agent leaves its own handler in place, which
+            # would otherwise raise SignalException out of the log folder's clean-up: exit code 1).
+            _ignore_stop_signals()
         except ChildFailedError as err:
             if debug:
                 raise
@@ -153,7 +157,6 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
             return 2
         except (SignalException, _Signalled) as err:
             return _stopped(int(err.sigval), run_file)
-    _ignore_stop_signals()  # done: a late signal changes nothing
     return 0
 
 
