@@ -31,27 +31,41 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     If the body raises, the temporary folder is removed and ``path`` is left as it was. A write that
     failed for lack of space (see :func:`atomic_file`) becomes an :class:`OutputError` naming ``path``
     (or the file in it) rather than the temporary folder.
+
+    A stop (:class:`~pipelines.errors.Stopped`, raised by a signal handler between any two bytecodes)
+    can come at any point, even right after the folder is made or between the two renames that put it
+    in place: both temporary names are chosen before anything exists under them, and every step is
+    inside the ``try``, so the clean-up always knows what to remove and what to put back.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp, old = (path.with_name(f".{path.name}.{what}{secrets.token_hex(6)}") for what in ("", "old-"))
     try:
+        tmp.mkdir()
         yield tmp
+        if path.exists() or path.is_symlink():
+            path.rename(old)
+        tmp.rename(path)
     except BaseException as err:
         full = None if isinstance(err, OutputError) else _out_of_space(err, tmp, written=_tree_size(tmp))
         shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() or old.is_symlink():  # stopped between the renames: the previous output goes back
+            _remove(old) if path.exists() else old.rename(path)
         if isinstance(err, OutputError) and str(tmp) in str(err):  # a file written inside: name where it was going
             raise OutputError(str(err).replace(str(tmp), str(path))) from None
         if full:
             raise OutputError(f"{path}: {full}; nothing was replaced") from None
         raise
-    old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        path.rename(old)
-    tmp.rename(path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    """Remove a file or folder if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 @contextlib.contextmanager
@@ -71,25 +85,26 @@ def atomic_file(path: str | Path, *, size: int | None = None) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    anonymous = _unnamed_file(path.parent)
-    if anonymous is None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(fd)
-    else:
-        tmp = f"/proc/self/fd/{anonymous}"
+    named = str(path.parent / f".{path.name}.{secrets.token_hex(6)}")  # chosen first: a stop anywhere knows it
+    anonymous = None
+    tmp = named
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would create it (mkstemp makes it private)
+        anonymous = _unnamed_file(path.parent)
+        if anonymous is None:
+            os.close(os.open(named, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # as open() makes it (umask)
+        else:
+            tmp = f"/proc/self/fd/{anonymous}"
+            os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would create it (O_TMPFILE was asked for 0o600)
         yield Path(tmp)
         with open(tmp, "rb+") as f:  # on disk before the rename, so a power loss cannot leave it empty
             os.fsync(f.fileno())
         if anonymous is not None:
-            tmp = _link_unnamed(tmp, path)
-        os.replace(tmp, path)
+            _link_unnamed(tmp, named)
+        os.replace(named, path)
     except BaseException as err:
         full = None if isinstance(err, OutputError) else _out_of_space(err, path, written=_size_of(tmp), size=size)
-        if anonymous is None or not tmp.startswith("/proc/"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(named)
         if full:
             raise OutputError(f"{path}: {full}; nothing was replaced") from None
         raise
@@ -116,15 +131,12 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _link_unnamed(proc_path: str, path: Path) -> str:
-    """Give the unnamed file at ``proc_path`` a temporary name beside ``path``; return that name.
-    (``linkat`` with ``AT_SYMLINK_FOLLOW`` through libc: Python 3.11's ``os.link`` does not follow
-    ``/proc/self/fd`` links.)"""
-    name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}")
+def _link_unnamed(proc_path: str, name: str) -> None:
+    """Give the unnamed file at ``proc_path`` the temporary ``name``. (``linkat`` with ``AT_SYMLINK_FOLLOW``
+    through libc: Python 3.11's ``os.link`` does not follow ``/proc/self/fd`` links.)"""
     if _libc().linkat(_AT_FDCWD, proc_path.encode(), _AT_FDCWD, os.fsencode(name), _AT_SYMLINK_FOLLOW) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), name)
-    return name
 
 
 # Writers that lose the errno of a failed write: torch.save ("[enforce fail at inline_container.cc:672] .

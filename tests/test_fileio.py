@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from pipelines.errors import OutputError
+from pipelines.errors import OutputError, Stopped
 from pipelines.fileio import atomic_file, atomic_write_bytes, check_writable
 
 
@@ -57,6 +57,63 @@ def test_atomic_writes_leave_the_old_file_on_failure_and_use_normal_permissions(
     name = tmp_path / f"{uuid.uuid4().hex}.bin"
     atomic_write_bytes(name, b"new")
     assert name.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def _stop_after(monkeypatch, module, name: str, nth: int, when=lambda *args: True):
+    """Make ``module.name`` raise :class:`Stopped` right after its ``nth`` call for which ``when(*args)`` holds
+    has done its work: a stop signal landing between two bytecodes at that point."""
+    real, calls = getattr(module, name), []
+
+    def stopped_after(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if when(*args):
+            calls.append(args)
+            if len(calls) == nth:
+                raise Stopped("stopped by SIGTERM")
+        return result
+
+    monkeypatch.setattr(module, name, stopped_after)
+
+
+@pytest.mark.parametrize("step", ["made the temporary folder", "moved the previous output aside",
+                                  "moved the new output in"])
+def test_a_stop_at_any_step_of_an_atomic_folder_leaves_one_whole_output_and_no_temporary(tmp_path, monkeypatch, step):
+    """A stop signal raises where the stage happens to be; in the few bytecodes after the folder is made
+    or between the two renames that commit it, it must neither leak ``.out.*`` nor lose the output."""
+    from pipelines.fileio import atomic_dir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "file").write_text("previous")
+    if step == "made the temporary folder":
+        _stop_after(monkeypatch, os, "mkdir", 1, when=lambda name, *_: os.path.basename(name).startswith(".out."))
+    else:
+        _stop_after(monkeypatch, os, "rename", 1 if step == "moved the previous output aside" else 2)
+    with pytest.raises(Stopped), atomic_dir(out) as tmp:
+        (tmp / "file").write_text("new")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert (out / "file").read_text() == ("new" if step == "moved the new output in" else "previous")
+
+
+@pytest.mark.parametrize("step", ["linked the unnamed file", "created the named file", "replaced the output"])
+def test_a_stop_at_any_step_of_an_atomic_file_leaves_one_whole_file_and_no_temporary(tmp_path, monkeypatch, step):
+    """As above, for a file: written unnamed (O_TMPFILE) and linked under a temporary name, or named from the
+    start where there is no O_TMPFILE, then renamed over the previous one."""
+    from pipelines import fileio
+
+    target = tmp_path / "f.json"
+    atomic_write_bytes(target, b"previous")
+    if step == "linked the unnamed file":
+        _stop_after(monkeypatch, fileio, "_link_unnamed", 1)
+    elif step == "created the named file":
+        monkeypatch.setattr(fileio, "_unnamed_file", lambda folder: None)
+        _stop_after(monkeypatch, os, "open", 1, when=lambda name, *_: os.path.basename(name).startswith(".f.json."))
+    else:
+        _stop_after(monkeypatch, os, "replace", 1)
+    with pytest.raises(Stopped), atomic_file(target) as tmp:
+        tmp.write_bytes(b"new")
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+    assert target.read_bytes() == (b"new" if step == "replaced the output" else b"previous")
 
 
 def test_a_full_disk_during_any_atomic_write_is_one_line_and_keeps_the_previous_file(tmp_path):
