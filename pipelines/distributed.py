@@ -35,7 +35,8 @@ def init_from_env(timeout_s: float = 1800) -> torch.device:
 
     NCCL with one GPU per local rank when CUDA is available, gloo on CPU. Without ``WORLD_SIZE`` > 1
     (plain ``python -m ...``) nothing is initialised. On CPU the cores this process may use
-    (:func:`pipelines.hardware.cpu_budget`) are split evenly between the node's processes. Returns
+    (:func:`pipelines.hardware.cpu_budget`) are split evenly between the node's processes, unless
+    ``PIPELINES_THREADS`` says how many threads each takes. Returns
     the device this process should use.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -47,8 +48,7 @@ def init_from_env(timeout_s: float = 1800) -> torch.device:
         device = torch.device("cpu")
         # Share the cores this process may use (affinity mask and cgroup quota) between the
         # processes of this node instead of oversubscribing them.
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        torch.set_num_threads(max(1, hardware.cpu_budget() // local_world))
+        torch.set_num_threads(hardware.threads_per_process(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     if world_size > 1 and not is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))

@@ -64,7 +64,7 @@ def training_device() -> torch.device:
 def threads_per_process(p: Params, device: torch.device) -> int:
     """The torch threads each of ``train.nproc`` processes gets (as :func:`pipelines.distributed.init_from_env`
     sets them on the CPU; on GPUs torchrun's one)."""
-    return max(1, hardware.cpu_budget() // p.train.nproc) if device.type == "cpu" else 1
+    return hardware.threads_per_process(p.train.nproc) if device.type == "cpu" else 1
 
 
 def probe(p: Params, compute: hardware.Compute, device: torch.device, *, steps: int = PROBE_STEPS) -> Probe:
@@ -216,7 +216,8 @@ def render(r: dict) -> str:
         ("params", r["params"]),
         ("compute", f"on {r['device']}: precision {c['precision']}, "
                     f"channels_last {'on' if c['channels_last'] else 'off'} ({c['reason']})"),
-        ("processes", f"{r['processes']} training processes x {r['threads_per_process']} threads"),
+        ("processes", f"{r['processes']} training processes x {r['threads_per_process']} threads"
+                      + (f" ({hardware.THREADS_ENV})" if os.environ.get(hardware.THREADS_ENV, "").strip() else "")),
     ]
     if c["warning"]:
         lines.append(("warning", c["warning"]))

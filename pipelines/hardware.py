@@ -4,7 +4,10 @@ Everything here is decided from capabilities as torch and oneDNN see them, never
 probe, so the same machine and environment always resolve the same way:
 
 * **CPU budget**: the cores this process may use: the affinity mask, capped by a cgroup CPU quota
-  (``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` in v1), as ``docker --cpus`` sets it.
+  (``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` in v1), as ``docker --cpus`` sets it. Each of a node's
+  training processes gets an equal share of it in torch threads, or ``PIPELINES_THREADS`` where set: for
+  runs that share the cores with others the budget cannot see (two experiments of a ``dvc queue start -j 2``
+  sweep), where threads beyond the cores only wait for each other.
 * **Native bf16 on the CPU**: oneDNN has bf16 kernels of its own for ``avx512_core_bf16``,
   ``avx512_core_amx`` and ``avx2_vnni_2``; everywhere else (AVX2, and AVX-512 without BF16:
   Skylake-SP, Cascade Lake, Ice Lake) bf16 is emulated. A hold of the ISA
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .errors import ConfigError
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Measured slowdowns of bf16 against fp32 where bf16 is emulated: one fcos_small training step
@@ -141,6 +146,20 @@ def cpu_budget() -> int:
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     quota = cpu_quota()
     return max(1, min(allowed, math.floor(quota)) if quota is not None else allowed)
+
+
+THREADS_ENV = "PIPELINES_THREADS"
+
+
+def threads_per_process(processes: int) -> int:
+    """Torch threads for each of ``processes`` CPU processes on this node: ``PIPELINES_THREADS`` where set,
+    else the CPU budget shared between them, at least 1."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return max(1, cpu_budget() // processes)
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"{THREADS_ENV}={value!r} in the environment: expected a whole number of threads, at least 1")
+    return int(value)
 
 
 def onednn_max_isa() -> str | None:

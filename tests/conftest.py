@@ -13,6 +13,16 @@ SHARED_DATA = Path(os.environ.get("SHARED_DATA", REPO.parent / "shared" / "data"
 COCO_REAL = SHARED_DATA / "coco-real-33"
 KNOWN_ANSWER = SHARED_DATA / "cocoeval-known-answer"
 
+# pytest-xdist's workers run tests at once, and each test's stages would take the whole CPU budget in
+# threads: share it between the workers instead, as a user does for a `dvc queue start -j 2` sweep
+# (docs/hardware.md). Beside a busy core, a tiny training run took 0.7 of its CPU time with 1 thread
+# against 2 (ci profile, 2 cores).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "PIPELINES_THREADS" not in os.environ:
+    from pipelines.hardware import cpu_budget
+
+    os.environ["PIPELINES_THREADS"] = str(max(1, cpu_budget() // _WORKERS))
+
 
 def set_dotted(tree: dict, dotted: str, value) -> None:
     """Set the key ``dotted`` (``train.base_lr``) of a params tree in place; ``KeyError`` as the value

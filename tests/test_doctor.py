@@ -26,7 +26,8 @@ def tiny_params(tmp_path_factory):
     return path
 
 
-def test_the_report_says_what_the_machine_offers_and_predicts_the_pipeline(tiny_params):
+def test_the_report_says_what_the_machine_offers_and_predicts_the_pipeline(tiny_params, monkeypatch):
+    monkeypatch.delenv(hardware.THREADS_ENV, raising=False)
     r = doctor.report(load_params(tiny_params), params_file=str(tiny_params))
     assert r["cpu_budget"] == hardware.cpu_budget() and r["isa"] == hardware.cpu_isa()
     assert r["native_bf16_cpu"] == hardware.native_bf16_cpu()
@@ -41,6 +42,9 @@ def test_the_report_says_what_the_machine_offers_and_predicts_the_pipeline(tiny_
                   "MLflow store", "compute", "processes", "speed probe", "predicted dvc repro"):
         assert any(line.startswith(label + " ") for line in text.splitlines()), label
     assert "no such database" in r["mlflow"] or "answers" in r["mlflow"]
+    monkeypatch.setenv(hardware.THREADS_ENV, "1")  # set by the user: what the stages take, and it says why
+    assert doctor.threads_per_process(load_params(tiny_params), doctor.torch.device("cpu")) == 1
+    assert " training processes x 1 threads (PIPELINES_THREADS)\n" in doctor.render({**r, "threads_per_process": 1})
 
 
 def test_the_prediction_adds_up_the_parts_from_the_probe_rates(tiny_params):

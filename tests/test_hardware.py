@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pipelines import hardware
+from pipelines.errors import ConfigError
 
 CPU = torch.device("cpu")
 HOLD_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
@@ -58,12 +59,37 @@ def test_the_training_process_threads_come_from_the_budget(monkeypatch):
     from pipelines import distributed
 
     monkeypatch.setattr(hardware, "cpu_budget", lambda: 6)
+    monkeypatch.delenv(hardware.THREADS_ENV, raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     threads = torch.get_num_threads()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     try:
         assert distributed.init_from_env() == CPU and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_pipelines_threads_sets_each_process_threads_and_a_bad_value_is_one_line(monkeypatch):
+    """For runs that share the cores with others the budget cannot see (a `dvc queue start -j 2` sweep)."""
+    from pipelines import distributed
+
+    monkeypatch.setattr(hardware, "cpu_budget", lambda: 6)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    threads = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(hardware.THREADS_ENV, "1")
+        assert distributed.init_from_env() == CPU and torch.get_num_threads() == 1
+        monkeypatch.setenv(hardware.THREADS_ENV, " ")  # blank: as if unset
+        assert hardware.threads_per_process(2) == 3
+        for bad in ("0", "two", "-1", "1.5"):
+            monkeypatch.setenv(hardware.THREADS_ENV, bad)
+            with pytest.raises(ConfigError) as err:
+                distributed.init_from_env()
+            assert str(err.value) == (f"PIPELINES_THREADS={bad!r} in the environment: expected a whole number of "
+                                      "threads, at least 1")
     finally:
         torch.set_num_threads(threads)
 

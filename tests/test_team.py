@@ -30,7 +30,7 @@ from pipelines.tracking.tracker import Tracker
 
 from .conftest import REPO
 from .test_pipeline import TINY_ONE_PROCESS, _copy_repo, _env, _repro
-from .test_sweep import QUEUE_POLL_S
+from .test_sweep import wait_for_queue
 
 pytestmark = pytest.mark.slow
 
@@ -314,11 +314,7 @@ def writers(server, s3, tmp_path_factory):
     assert started.returncode == 0
     for clone in clones:
         assert clone.wait(timeout=1200) == 0, [logs[n].read_text()[-3000:] for n in ("one", "two")]
-    deadline = time.monotonic() + 1200
-    while re.search(r"\b(Queued|Running)\b", status := subprocess.run(
-            ["dvc", "queue", "status"], cwd=repos["sweep"], env=env, capture_output=True, text=True).stdout):
-        assert time.monotonic() < deadline, status
-        time.sleep(QUEUE_POLL_S)
+    status = wait_for_queue(repos["sweep"], env, len(names), timeout_s=1200)
     assert all(re.search(rf"{name}\s.*\bSuccess\b", status) for name in names), status
     for file in files.values():
         file.close()
