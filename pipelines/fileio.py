@@ -46,17 +46,18 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         if path.exists() or path.is_symlink():
             path.rename(old)
         tmp.rename(path)
+        _remove(old)
     except BaseException as err:
         full = None if isinstance(err, OutputError) else _out_of_space(err, tmp, written=_tree_size(tmp))
         shutil.rmtree(tmp, ignore_errors=True)
-        if old.exists() or old.is_symlink():  # stopped between the renames: the previous output goes back
-            _remove(old) if path.exists() else old.rename(path)
+        if (old.exists() or old.is_symlink()) and not path.exists():  # stopped between the renames
+            old.rename(path)  # the previous output goes back
+        _remove(old)  # stopped after the new output went in (or while the previous one was removed)
         if isinstance(err, OutputError) and str(tmp) in str(err):  # a file written inside: name where it was going
             raise OutputError(str(err).replace(str(tmp), str(path))) from None
         if full:
             raise OutputError(f"{path}: {full}; nothing was replaced") from None
         raise
-    _remove(old)
 
 
 def _remove(path: Path) -> None:

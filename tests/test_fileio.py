@@ -3,6 +3,7 @@ read-only file systems, mounted by the test where the machine allows it)."""
 
 import contextlib
 import os
+import shutil
 import subprocess
 import uuid
 
@@ -59,24 +60,26 @@ def test_atomic_writes_leave_the_old_file_on_failure_and_use_normal_permissions(
     assert name.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def _stop_after(monkeypatch, module, name: str, nth: int, when=lambda *args: True):
+def _stop_after(monkeypatch, module, name: str, nth: int, when=lambda *args: True, before: bool = False):
     """Make ``module.name`` raise :class:`Stopped` right after its ``nth`` call for which ``when(*args)`` holds
-    has done its work: a stop signal landing between two bytecodes at that point."""
+    has done its work (``before``: instead of doing it): a stop signal landing between two bytecodes there."""
     real, calls = getattr(module, name), []
 
     def stopped_after(*args, **kwargs):
-        result = real(*args, **kwargs)
         if when(*args):
             calls.append(args)
-            if len(calls) == nth:
+            if before and len(calls) == nth:
                 raise Stopped("stopped by SIGTERM")
+        result = real(*args, **kwargs)
+        if not before and when(*args) and len(calls) == nth:
+            raise Stopped("stopped by SIGTERM")
         return result
 
     monkeypatch.setattr(module, name, stopped_after)
 
 
 @pytest.mark.parametrize("step", ["made the temporary folder", "moved the previous output aside",
-                                  "moved the new output in"])
+                                  "moved the new output in", "removing the previous output"])
 def test_a_stop_at_any_step_of_an_atomic_folder_leaves_one_whole_output_and_no_temporary(tmp_path, monkeypatch, step):
     """A stop signal raises where the stage happens to be; in the few bytecodes after the folder is made
     or between the two renames that commit it, it must neither leak ``.out.*`` nor lose the output."""
@@ -87,12 +90,15 @@ def test_a_stop_at_any_step_of_an_atomic_folder_leaves_one_whole_output_and_no_t
     (out / "file").write_text("previous")
     if step == "made the temporary folder":
         _stop_after(monkeypatch, os, "mkdir", 1, when=lambda name, *_: os.path.basename(name).startswith(".out."))
+    elif step == "removing the previous output":
+        _stop_after(monkeypatch, shutil, "rmtree", 1, when=lambda name, *_: ".out.old-" in str(name), before=True)
     else:
         _stop_after(monkeypatch, os, "rename", 1 if step == "moved the previous output aside" else 2)
     with pytest.raises(Stopped), atomic_dir(out) as tmp:
         (tmp / "file").write_text("new")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
-    assert (out / "file").read_text() == ("new" if step == "moved the new output in" else "previous")
+    assert (out / "file").read_text() == ("previous" if step in ("made the temporary folder",
+                                                                  "moved the previous output aside") else "new")
 
 
 @pytest.mark.parametrize("step", ["linked the unnamed file", "created the named file", "replaced the output"])
