@@ -19,9 +19,9 @@ KNOWN_ANSWER = SHARED_DATA / "cocoeval-known-answer"
 # against 2 (ci profile, 2 cores).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1 and "PIPELINES_THREADS" not in os.environ:
-    from pipelines.hardware import cpu_budget
+    from pipelines.hardware import threads_per_process
 
-    os.environ["PIPELINES_THREADS"] = str(max(1, cpu_budget() // _WORKERS))
+    os.environ["PIPELINES_THREADS"] = str(threads_per_process(_WORKERS))  # the budget's share: it is not set yet
 
 
 def set_dotted(tree: dict, dotted: str, value) -> None:
