@@ -74,6 +74,7 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
     except (PipelineError, Stopped, Exception) as err:
         if os.environ.get(DEBUG_ENV):
             raise
+        _close_progress_bars()
         if isinstance(err, (PipelineError, Stopped)):
             line, code = str(err), err.exit_code
         else:
@@ -95,6 +96,25 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
         exit_now(code)
     if code:
         sys.exit(code)
+
+
+def _close_progress_bars() -> None:
+    """Close the progress bars still open, so that the error starts a line of its own.
+
+    A stop can come while a bar is being made, after its first display: the error would then follow the
+    bar's text on its line (``synthetic train: 0%| | 0/4000 [00:00<?, ?img/s]error: stopped by SIGHUP``),
+    as nothing has closed the bar (the traceback keeps it alive). tqdm keeps its open bars in
+    ``tqdm._instances`` (what ``tqdm.write`` reads too); a bar made in full ends its line as it closes, one
+    the stop left half made (without ``last_print_t``, which its constructor sets last) cannot, so its line
+    is ended here."""
+    std = sys.modules.get("tqdm.std")  # not imported: no bar to close
+    for bar in list(getattr(getattr(std, "tqdm", None), "_instances", ())):
+        made = hasattr(bar, "last_print_t")
+        with contextlib.suppress(Exception):
+            bar.close()
+            if not made:
+                bar.fp.write("\n")
+                bar.fp.flush()
 
 
 def exit_now(code: int | str | None = 0) -> NoReturn:

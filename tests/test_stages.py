@@ -198,6 +198,39 @@ def test_a_stop_signal_stops_a_stage_even_inside_a_library_that_catches_every_ex
     assert signal.getsignal(signal.SIGINT) is before  # the handler in place before is back
 
 
+@pytest.mark.parametrize("when", ["while the bar is made", "while the bar is open"])
+def test_an_error_while_a_progress_bar_is_shown_is_printed_on_a_line_of_its_own(monkeypatch, capsys, when):
+    """A stop in the bar's constructor, after its first display (where a stop signal sent as prepare starts
+    once landed in CI), or an error while a bar made in full is open: the bar's line is ended before the
+    error is printed, once (no empty line), not left for the error to follow its text."""
+    from tqdm import tqdm
+
+    from pipelines import cli
+    from pipelines.errors import Stopped
+
+    shown = tqdm.refresh
+
+    def refresh_then_stop(self, *args, **kwargs):
+        shown(self, *args, **kwargs)
+        raise Stopped("stopped by SIGHUP", signum=signal.SIGHUP)
+
+    def main(_argv):
+        if when == "while the bar is made":
+            monkeypatch.setattr(tqdm, "refresh", refresh_then_stop)
+            for _ in tqdm(range(4000), desc="synthetic train"):
+                raise AssertionError("the loop started")
+        bar = tqdm(total=4000, desc="synthetic train")
+        bar.update(7)
+        raise Stopped("stopped by SIGHUP", signum=signal.SIGHUP)
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(main)
+    assert stopped.value.code == 128 + signal.SIGHUP
+    lines = capsys.readouterr().err.splitlines()
+    assert [line for line in lines if "error:" in line] == ["error: stopped by SIGHUP"] == lines[-1:]
+    assert "synthetic train" in lines[-2]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM])
 def test_a_stop_signal_during_prepare_is_one_line_and_leaves_the_previous_output(base_params, tmp_path, signum):
     """Every stage reads the three stop signals alike: ``error: stopped by <SIGNAL>``, exit 128 + its number,
