@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from .errors import STOP_SIGNALS, PipelineError, Stopped, first_line
 
 DEBUG_ENV = "PIPELINES_DEBUG"
@@ -70,7 +72,8 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
     stop, previous = _stop_on_signals()
     code: int | str | None = 0
     try:
-        main(argv)
+        with logging_redirect_tqdm():  # a log record goes above the progress bar, not after its text on its line
+            main(argv)
     except (PipelineError, Stopped, Exception) as err:
         if os.environ.get(DEBUG_ENV):
             raise

@@ -198,6 +198,29 @@ def test_a_stop_signal_stops_a_stage_even_inside_a_library_that_catches_every_ex
     assert signal.getsignal(signal.SIGINT) is before  # the handler in place before is back
 
 
+def test_a_log_record_while_a_progress_bar_is_shown_goes_on_a_line_of_its_own(capsys):
+    """Training logs its checkpoints while its bar is shown: the record is written above the bar (the bar
+    cleared, then drawn again below it), not after the bar's text on its line."""
+    import logging
+
+    from tqdm import tqdm
+
+    from pipelines import cli
+
+    def main(_argv):
+        with tqdm(total=8, desc="train") as bar:
+            bar.update(2)
+            logging.getLogger("pipelines.engine").info("iteration 2: checkpoint model_0000002.pth")
+            bar.update(2)
+
+    cli.run(main)
+    lines = capsys.readouterr().err.splitlines()
+    (record,) = [line for line in lines if "checkpoint" in line]
+    assert record.endswith(" pipelines.engine INFO: iteration 2: checkpoint model_0000002.pth")
+    assert record.split()[0].count(":") == 2  # the line starts with the record's own time, not the bar's text
+    assert any(line.startswith("train:  50%") for line in lines[lines.index(record):])  # the bar goes on below
+
+
 @pytest.mark.parametrize("when", ["while the bar is made", "while the bar is open"])
 def test_an_error_while_a_progress_bar_is_shown_is_printed_on_a_line_of_its_own(monkeypatch, capsys, when):
     """A stop in the bar's constructor, after its first display (where a stop signal sent as prepare starts
