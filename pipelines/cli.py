@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .errors import STOP_SIGNALS, PipelineError, Stopped, first_line
@@ -110,8 +111,7 @@ def _close_progress_bars() -> None:
     ``tqdm._instances`` (what ``tqdm.write`` reads too); a bar made in full ends its line as it closes, one
     the stop left half made (without ``last_print_t``, which its constructor sets last) cannot, so its line
     is ended here."""
-    std = sys.modules.get("tqdm.std")  # not imported: no bar to close
-    for bar in list(getattr(getattr(std, "tqdm", None), "_instances", ())):
+    for bar in list(tqdm._instances):
         made = hasattr(bar, "last_print_t")
         with contextlib.suppress(Exception):
             bar.close()
