@@ -68,10 +68,11 @@ def _stop_after(monkeypatch, module, name: str, nth: int, when=lambda *args: Tru
     def stopped_after(*args, **kwargs):
         if when(*args):
             calls.append(args)
-            if before and len(calls) == nth:
-                raise Stopped("stopped by SIGTERM")
+        stop = len(calls) == nth and calls[-1] is args
+        if stop and before:
+            raise Stopped("stopped by SIGTERM")
         result = real(*args, **kwargs)
-        if not before and when(*args) and len(calls) == nth:
+        if stop:
             raise Stopped("stopped by SIGTERM")
         return result
 
