@@ -276,3 +276,25 @@ def test_sizing_benchmark_runs_a_candidate_through_the_stages(capsys):
     (found,) = json.loads(capsys.readouterr().out)["candidates"]
     assert found["images"] == 8 and found["train_s"] > 0 and found["evaluate_s"] > 0
     assert 0 <= found["metrics"]["AP"] <= 1 and found["precision"] in ("bf16", "fp32")
+
+
+def test_fresh_clone_benchmark_runs_the_makefiles_test_command_and_counts_what_pytest_says(tmp_path):
+    """The suite is timed with the command ``make test`` runs; its counts and exit code come from pytest's
+    last line, so a failing suite is recorded as failing, not as a time."""
+    from benchmarks import fresh_clone
+
+    assert fresh_clone.make_test_command(REPO / "Makefile") == "pytest -n 2 --dist loadfile"
+    assert "bash .ci/run" not in fresh_clone.make_test_command(REPO / "Makefile")  # the recipe, not CI's steps
+    failing = "python -c \"print('== 2 failed, 5 passed, 1 skipped in 3.0s =='); raise SystemExit(1)\""
+    found = fresh_clone._timed_tests(tmp_path, failing, dict(os.environ), tmp_path / "tests.log")
+    assert found["exit_code"] == 1 and found["counts"] == {"failed": 2, "passed": 5, "skipped": 1}
+    assert (tmp_path / "tests.log").read_text().startswith("== 2 failed")
+
+
+def test_fresh_clone_benchmark_refuses_a_workdir_that_holds_files(tmp_path):
+    from benchmarks import fresh_clone
+
+    (tmp_path / "kept.txt").write_text("a user's file")
+    with pytest.raises(fresh_clone.FreshCloneError, match=r"--workdir .*: expected an empty or new folder"):
+        fresh_clone.main(["--workdir", str(tmp_path), "--no-tests"])
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.txt"]

@@ -1,6 +1,7 @@
 """What the machine offers: the CPU budget from affinity and cgroup quotas, native bf16 as torch and
 oneDNN see it (holds honoured), and what ``auto`` resolves to."""
 
+import json
 import os
 import subprocess
 import sys
@@ -175,28 +176,36 @@ def test_a_hold_to_avx2_changes_the_kernels_torch_and_onednn_run():
 
 @pytest.mark.slow
 def test_the_tiny_pipeline_held_to_avx2_resolves_auto_to_fp32(tmp_path):
-    """``dvc repro`` of the tiny configuration on this machine held to AVX2: train says first that auto chose
-    fp32 and why, both MLflow runs record it, the model stores it and evaluate computes as it was trained."""
+    """The fresh-clone benchmark of the tiny configuration on this machine held to AVX2, as a CPU class is
+    measured (``benchmarks/fresh_clone.py``): the doctor and train say that auto chose fp32 and why (train in
+    its first line), both MLflow runs record it, the model stores it, evaluate computes as it was trained,
+    and the benchmark times the stages against the doctor's prediction and then the tests."""
     import mlflow
 
-    from .test_pipeline import TINY_ONE_PROCESS, _copy_repo, _env
+    from benchmarks import fresh_clone
 
-    _copy_repo(tmp_path)
-    env = {**_env(), **HOLD_AVX2}
-    subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY_ONE_PROCESS], cwd=tmp_path, env=env, check=True)
-    done = subprocess.run(["dvc", "repro"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=900)
-    output = done.stdout
-    assert done.returncode == 0, output[-3000:]
+    from .test_pipeline import TINY_ONE_PROCESS, _env
+
+    tests = "python -m pytest -q -p no:cacheprovider tests/test_solver.py"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.fresh_clone", "--overrides", " ".join(TINY_ONE_PROCESS),
+                           "--tests", tests, "--workdir", str(tmp_path), "--json"], cwd=fresh_clone.REPO,
+                          env={**_env(), **HOLD_AVX2}, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
     chose = ("precision fp32, channels_last off: auto: no native bf16 on this CPU (ATen at AVX2, oneDNN held to "
              "AVX2; no AVX512_BF16, AMX or AVX2_VNNI_2 as oneDNN counts them)")
-    train_part = output[output.index("Running stage 'train'"):output.index("Running stage 'evaluate'")]
-    first = [line for line in train_part.splitlines() if " train INFO: " in line][0]
-    assert first.endswith(chose)  # the stage's first line
+    assert figures["pipeline"]["first_line"] == chose  # the train stage's first line
+    assert figures["machine"]["isa"].startswith("AVX2") and figures["compute"]["precision"] == "fp32"  # the doctor's too
+    assert list(figures["pipeline"]["stages"]) == ["prepare", "cache", "train", "evaluate"]
+    assert figures["predicted_s"]["total"] > 0 and 0 <= figures["pipeline"]["AP"] <= 1
+    assert figures["tests"]["exit_code"] == 0 and figures["tests"]["counts"]["passed"] >= 1
+    assert "| `dvc repro`, all stages (wall) |" in fresh_clone.table(figures)
+
+    repo, output = tmp_path / "repo", (tmp_path / "repro.log").read_text()
     assert "precision fp32, channels_last off: as the model was trained (stored in outputs/train/model_final.pth)" \
         in output[output.index("Running stage 'evaluate'"):]
-    assert torch.load(tmp_path / "outputs" / "train" / "model_final.pth", weights_only=True)["precision"] == "fp32"
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert torch.load(repo / "outputs" / "train" / "model_final.pth", weights_only=True)["precision"] == "fp32"
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("detection").experiment_id])
     assert len(runs) == 2 and {r.data.params["compute.precision"] for r in runs} == {"fp32"}
     assert {r.data.params["model.precision"] for r in runs} == {"auto"}
