@@ -50,13 +50,13 @@ class FreshCloneError(PipelineError):
     """A step of the run failed; the message names it and its log."""
 
 
-def copy_tree(source: Path, dest: Path) -> None:
-    """The files git would commit in ``source`` (tracked and untracked, not ignored), as a new git
-    repository in ``dest``."""
+def copy_tree(source: Path, dest: Path, leave_out: tuple[str, ...] = ()) -> None:
+    """The files git would commit in ``source`` (tracked and untracked, not ignored), less the top-level
+    files and folders named in ``leave_out``, as a new git repository in ``dest``."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=source,
                             capture_output=True, text=True, check=True).stdout.split("\0")
     for name in filter(None, listed):
-        if (source / name).is_file():
+        if (source / name).is_file() and name.split("/")[0] not in leave_out:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source / name, dest / name, follow_symlinks=False)
     identity = {"GIT_AUTHOR_NAME": "benchmark", "GIT_AUTHOR_EMAIL": "benchmark@localhost",
@@ -68,7 +68,7 @@ def copy_tree(source: Path, dest: Path) -> None:
 def make_test_command(makefile: Path) -> str:
     """The command of the Makefile's ``test`` target (what ``make test`` runs after the install)."""
     lines = makefile.read_text().splitlines()
-    start = lines.index(next(line for line in lines if line.startswith("test:")))
+    start = next(i for i, line in enumerate(lines) if line.startswith("test:"))
     recipe = list(itertools.takewhile(lambda line: line.startswith("\t"), lines[start + 1:]))
     return " && ".join(line.strip() for line in recipe)
 

@@ -8,7 +8,6 @@ import os
 import random
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from benchmarks.fresh_clone import copy_tree
 
 from .conftest import REPO, dvc_stages
 
@@ -34,21 +35,9 @@ TINY_ONE_PROCESS = [*TINY, "train.nproc=1"]
 
 
 def _copy_repo(dest: Path) -> None:
-    """The files git would commit (tracked and untracked, not ignored), in a fresh git repository."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, files):
-        source = REPO / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    for stale in ("dvc.lock", "metrics"):
-        path = dest / stale
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
-        subprocess.run(cmd, cwd=dest, env=env, check=True)
+    """The files git would commit (tracked and untracked, not ignored), in a fresh git repository, less the
+    committed run's ``dvc.lock`` and ``metrics/``."""
+    copy_tree(REPO, dest, leave_out=("dvc.lock", "metrics"))
 
 
 def _env() -> dict:
