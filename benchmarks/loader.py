@@ -41,7 +41,8 @@ from torchvision.io import ImageReadMode, decode_image
 
 from pipelines import build
 from pipelines.cli import exit_now
-from pipelines.config import Params, SyntheticDataset, params_from_dict
+from pipelines.config.load import params_from_dict
+from pipelines.config.schema import Params, SyntheticDataset
 from pipelines.data.annotation_cache import AnnotationCache, build_cache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data.synthetic import generate_split

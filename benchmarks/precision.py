@@ -37,7 +37,7 @@ import torch
 
 from pipelines import build, hardware
 from pipelines.cli import exit_now
-from pipelines.config import Params
+from pipelines.config.schema import Params
 from pipelines.engine import train_step
 from pipelines.hardware import Compute
 from pipelines.lifetime import parent_death_signal

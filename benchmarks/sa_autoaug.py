@@ -50,7 +50,7 @@ import yaml
 
 from pipelines.cli import exit_now
 from pipelines.compose import compose_params
-from pipelines.config import params_from_dict
+from pipelines.config.load import params_from_dict
 from pipelines.data.annotation_cache import AnnotationCache, build_cache
 from pipelines.data.autoaug.augment import ScaleAwareAutoAugment
 from pipelines.data.autoaug.color import color_op_on_boxes

@@ -67,7 +67,8 @@ from benchmarks.loader import add_dataset_arguments, load_benchmark_params, make
 from pipelines import build, distributed
 from pipelines.checkpoint import Checkpointer
 from pipelines.cli import exit_now
-from pipelines.config import Params, to_flat_dict
+from pipelines.config.load import to_flat_dict
+from pipelines.config.schema import Params
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.engine import MetricLog, Reporter, StopRequest, train, train_step

@@ -13,7 +13,8 @@ import torch
 
 from .checkpoint import fingerprint as checkpoint_fingerprint
 from .checkpoint import load as load_checkpoint
-from .config import Params, registry, training_params
+from .config.load import training_params
+from .config.schema import Params, registry
 from .data.autoaug.augment import ScaleAwareAutoAugment
 from .data.loader import make_test_loader, make_train_loader
 from .data.transforms import Compose, RandomHorizontalFlip, TestTimeAugmentation, build_transforms

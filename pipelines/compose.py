@@ -20,7 +20,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import cli
-from .config import params_from_text, parse_yaml, read_yaml_text, with_overrides
+from .config.load import params_from_text, with_overrides
+from .config.yamlio import parse_yaml, read_yaml_text
 from .errors import ConfigError, OutputError
 from .fileio import atomic_file
 

@@ -38,7 +38,8 @@ import torchvision
 
 from . import build, cli, hardware
 from .tracking import store
-from .config import Params, SyntheticDataset, load_params
+from .config.load import load_params
+from .config.schema import Params, SyntheticDataset
 from .data.collate import Batch
 
 PROBE_STEPS = 3

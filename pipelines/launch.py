@@ -48,7 +48,7 @@ import uuid
 from pathlib import Path
 
 from . import cli, lifetime
-from .config import load_params
+from .config.load import load_params
 from .errors import STOP_SIGNALS, Stopped
 from .tracking.run import close_run_file
 

@@ -22,7 +22,8 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import FrozenBatchNorm2d
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
-from .config import registry, weights_name
+from .config.backbones import weights_name
+from .config.schema import registry
 from .data.transforms import IMAGE_MEAN, IMAGE_STD
 from .errors import ConfigError
 from .scale_loss import ScaleLossHead

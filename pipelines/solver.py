@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .config import registry
+from .config.schema import registry
 
 
 def build_optimizer(model: nn.Module, *, name: str, base_lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,

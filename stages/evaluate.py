@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from pipelines import build, cli, distributed
-from pipelines.config import load_params, to_flat_dict
+from pipelines.config.load import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.evaluation import coco_evaluate, predict

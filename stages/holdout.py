@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from pipelines import cli
-from pipelines.config import load_params
+from pipelines.config.load import load_params
 from pipelines.search.holdout import write_holdout
 
 log = logging.getLogger("holdout")

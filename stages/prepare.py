@@ -14,7 +14,8 @@ import logging
 from pathlib import Path
 
 from pipelines import cli
-from pipelines.config import SyntheticDataset, load_params
+from pipelines.config.load import load_params
+from pipelines.config.schema import SyntheticDataset
 from pipelines.data.coco import validate_coco
 from pipelines.data.decode import decode_image
 from pipelines.data.synthetic import generate_split

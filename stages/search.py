@@ -15,7 +15,7 @@ import logging
 import os
 
 from pipelines import build, cli, lifetime
-from pipelines.config import load_params, to_flat_dict
+from pipelines.config.load import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data.preview import augmentation_preview

@@ -14,7 +14,7 @@ import logging
 import torch
 
 from pipelines import build, checkpoint, cli, distributed
-from pipelines.config import load_params, read_policy_file, to_flat_dict
+from pipelines.config.load import load_params, read_policy_file, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data.preview import augmentation_preview

@@ -35,7 +35,7 @@ from PIL import Image
 import stages.cache
 import stages.prepare
 from pipelines import build, cli
-from pipelines.config import load_params
+from pipelines.config.load import load_params
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.errors import CacheError, ImageError
@@ -80,7 +80,7 @@ class Data:
         self.params = copy.deepcopy(base_params)
         self.params["dataset"] = {"name": "coco", "train_images": str(self.images),
                                   "train_annotations": str(self.train_json), "val_images": str(self.images),
-                                  "val_annotations": str(self.val_json)}
+                                  "val_annotations": str(self.val_json), "max_image_pixels": 2**28}
 
     def add_image(self, name: str, size: tuple[int, int], *, boxes=((1, [2, 2, 8, 6], None),), **save_options) -> int:
         """Save an image of random pixels as ``name`` and add it, with ``boxes`` ``(category id, bbox, crowd
@@ -886,11 +886,11 @@ NAMES_AND_NUMBERS = [
 
 def _validate_params(path: Path, capsys) -> tuple[int, str]:
     """``python -m pipelines.config --params path`` in-process: (exit code, stderr)."""
-    from pipelines import config
+    from pipelines.config.__main__ import main
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as stop:
-        cli.run(config.main, ["--params", str(path)])
+        cli.run(main, ["--params", str(path)])
     return stop.value.code, capsys.readouterr().err
 
 
@@ -898,7 +898,7 @@ def _validate_params(path: Path, capsys) -> tuple[int, str]:
 def test_bad_names_and_numbers_stop_in_one_line(tmp_path, capsys, base_params, change, expected):
     import dataclasses
 
-    from pipelines.config import CocoDataset
+    from pipelines.config.schema import CocoDataset
 
     params = copy.deepcopy(base_params)
     change(params)
@@ -921,14 +921,16 @@ def test_names_and_numbers_at_their_bounds_pass(tmp_path, base_params, changes):
 
 
 def test_every_name_validation_accepts_is_one_the_code_selects():
-    from pipelines import config, evaluation, hardware, model, solver
+    from pipelines import evaluation, hardware, model, solver
+    from pipelines.config.presets import model_presets
+    from pipelines.config.schema import CHOICES
 
     registries = {"model.backbone": model.BACKBONES, "model.norm": model.NORM_LAYERS,
                   "model.precision": hardware.PRECISIONS, "augment.name": build.AUGMENTATIONS,
                   "train.optimizer": solver.OPTIMIZERS, "train.lr_schedule": solver.LR_SCHEDULES,
                   "evaluate.backend": evaluation.BACKENDS}
-    assert {key: tuple(names) for key, names in registries.items()} == config.CHOICES
-    presets = config.model_presets()
+    assert {key: tuple(names) for key, names in registries.items()} == CHOICES
+    presets = model_presets()
     assert list(presets) == sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
     assert all(preset["name"] == stem for stem, preset in presets.items())  # each preset's label is its own name
 

@@ -11,7 +11,8 @@ from torchvision.models._api import WeightsEnum
 
 from pipelines import build, checkpoint
 from pipelines.compose import compose_params
-from pipelines.config import Params, load_params, params_from_dict, training_params
+from pipelines.config.load import load_params, params_from_dict, training_params
+from pipelines.config.schema import Params
 from pipelines.data.autoaug.augment import ScaleAwareAutoAugment
 from pipelines.data.dataset import DetectionDataset
 from pipelines.data import transforms

@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from pipelines.compose import compose_params
-from pipelines.config import load_params, params_from_dict, to_flat_dict, training_params, weights_name
+from pipelines.config.backbones import weights_name
+from pipelines.config.load import load_params, params_from_dict, to_flat_dict, training_params
 from pipelines.errors import ConfigError
 
 from .conftest import REPO, set_dotted

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pipelines import doctor, hardware
-from pipelines.config import load_params
+from pipelines.config.load import load_params
 
 from .conftest import REPO
 from .test_hardware import HOLD_AVX2

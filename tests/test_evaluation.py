@@ -12,7 +12,8 @@ from pipelines.data.annotation_cache import AnnotationCache, build_cache
 from pipelines.data.coco import read_annotations, validate_coco
 from pipelines.data.decode import decode_image
 from pipelines.data.dataset import DetectionDataset
-from pipelines.config import CHOICES, params_from_dict
+from pipelines.config.load import params_from_dict
+from pipelines.config.schema import CHOICES
 from pipelines.errors import ConfigError
 from pipelines.evaluation import BACKENDS, STAT_NAMES, CocoMetrics, coco_evaluate, predict
 from pipelines.data.loader import make_test_loader

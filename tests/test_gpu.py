@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from pipelines import build, distributed
-from pipelines.config import load_params
+from pipelines.config.load import load_params
 from pipelines.data.collate import Batch
 from pipelines.engine import train_step
 

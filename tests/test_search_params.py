@@ -13,7 +13,7 @@ import yaml
 
 from pipelines import build
 from pipelines.compose import compose_params
-from pipelines.config import params_from_dict, read_policy_file
+from pipelines.config.load import params_from_dict, read_policy_file
 from pipelines.data.annotation_cache import AnnotationCache, build_cache
 from pipelines.data.autoaug.augment import ScaleAwareAutoAugment
 from pipelines.data.transforms import Compose, RandomHorizontalFlip, SampleContext

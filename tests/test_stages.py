@@ -36,7 +36,7 @@ def _coco_params(base, tmp_path, annotations, images) -> dict:
     params = copy.deepcopy(base)
     params["dataset"] = {"name": "coco", "train_images": str(images),
                          "train_annotations": str(annotations), "val_images": str(images),
-                         "val_annotations": str(annotations)}
+                         "val_annotations": str(annotations), "max_image_pixels": 2**28}
     return params
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .. import build
-from ..config import Params
+from ..config.schema import Params
 from ..data.annotation_cache import AnnotationCache
 from ..data.autoaug.augment import ScaleAwareAutoAugment
 from ..data.dataset import DetectionDataset

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..config import training_params
+from ..config.load import training_params
 from ..fileio import write_json
 from ..policy import decode_policy
 from ..tracking.tracker import Tracker

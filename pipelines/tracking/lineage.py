@@ -94,7 +94,8 @@ def baseline_params(params_file: str | Path = "params.yaml") -> dict[str, Any] |
     that exists already, so nothing is composed. None where git has none (logged at INFO)."""
     from omegaconf import OmegaConf
 
-    from ..config import parse_yaml, to_flat_dict
+    from ..config.load import to_flat_dict
+    from ..config.yamlio import parse_yaml
     from ..errors import ConfigError
 
     rev = os.environ.get("DVC_EXP_BASELINE_REV") or "HEAD"
@@ -153,7 +154,7 @@ def _bounded_yaml(path: Path) -> dict:
     is unusable (lineage tags are worth no stop)."""
     from omegaconf import OmegaConf
 
-    from ..config import parse_yaml, read_yaml_text
+    from ..config.yamlio import parse_yaml, read_yaml_text
     from ..errors import ConfigError
 
     try:
