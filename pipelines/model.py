@@ -86,7 +86,7 @@ def load_backbone_weights(body: nn.Module, weights: str | Path, *, backbone: str
     """Load pretrained weights into the ResNet ``body`` of architecture ``backbone`` (e.g. ``resnet50``).
 
     ``weights`` is a torchvision weights name of that architecture (``IMAGENET1K_V1``,
-    ``ResNet50_Weights.IMAGENET1K_V1``: see :func:`pipelines.config.weights_name`), fetched through
+    ``ResNet50_Weights.IMAGENET1K_V1``: see :func:`pipelines.config.backbones.weights_name`), fetched through
     torchvision (downloaded once into torch's hub cache), or a file (a :class:`~pathlib.Path`, or a
     string that is no weights name) holding the body's state dict, bare or under ``state_dict`` or
     ``model``. Every key and shape must match, except the classifier ``fc`` (which the detector
