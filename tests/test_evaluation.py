@@ -186,7 +186,7 @@ def test_backends_agree_on_crowd_regions_empty_images_and_categories_without_gro
 
 
 def test_a_bad_backend_stops_with_one_line_naming_the_parameter(tmp_path):
-    assert CHOICES["evaluate.backend"] == BACKENDS  # config.py cannot import this module (no torch there)
+    assert CHOICES["evaluate.backend"] == BACKENDS  # pipelines.config cannot import this module (no torch there)
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     assert raw["evaluate"]["backend"] == "faster_coco_eval"  # the default; pycocotools is the reference
     raw["evaluate"]["backend"] = "faster-coco-eval"

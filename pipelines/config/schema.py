@@ -18,6 +18,7 @@ from omegaconf import MISSING
 
 from . import backbones
 
+
 @dataclass
 class DatasetFiles:
     """What every dataset config has: its name, the four paths that the prepare stage's DVC deps name
