@@ -41,7 +41,7 @@ from pathlib import Path
 from pipelines.errors import PipelineError
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET_S = 15 * 60  # the test suite's, on either CPU class (docs/development.md)
+BUDGET_S = 15 * 60  # the test suite's, on either CPU class (docs/development.md, "Tests")
 STAGE = re.compile(r"Running stage '([\w/.:-]+)'")
 FIRST = re.compile(r" train INFO: (.*)$")  # a record of the train stage's log
 

@@ -1,10 +1,11 @@
-"""The README stays short and every link in it and in docs/ resolves inside the repository."""
+"""The README stays short, every link in it and in docs/ resolves inside the repository, the layout page names
+exactly the modules that exist, and every figure of a generated or quoted results table comes from a record."""
 
 import re
 
 from .conftest import REPO
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "notes").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -25,7 +26,7 @@ def _anchors(path) -> set[str]:
 
 
 def test_the_readme_is_short():
-    assert len((REPO / "README.md").read_text().splitlines()) <= 200
+    assert len((REPO / "README.md").read_text().splitlines()) <= 120
 
 
 def test_every_link_resolves_inside_the_repository():
@@ -74,3 +75,68 @@ def test_benchmark_tables_are_written_from_their_records(tmp_path):
     record["machine"]["load_before"] += 1.0
     (changed / f"{names[0]}.json").write_text(json.dumps(record))
     assert render(text, changed) != text
+
+
+def test_policy_records_agree_with_the_table_written_from_them():
+    """The policies table's record holds the per-run records of benchmarks/records/policies/, unchanged."""
+    import json
+
+    from benchmarks import policies
+    from benchmarks.record import RECORDS
+
+    kept = policies.figures(policies.kept(RECORDS / "policies"))
+    assert json.loads((RECORDS / "policies.json").read_text())["figures"] == json.loads(json.dumps(kept))
+
+
+def _section(text: str, heading: str) -> str:
+    """The text of the section under ``heading`` (a whole heading line), up to the next heading of its level."""
+    level = heading.split(" ", 1)[0]
+    body = text.split(f"\n{heading}\n", 1)[1]
+    return re.split(rf"^{level} ", body, maxsplit=1, flags=re.M)[0]
+
+
+def test_readme_results_are_the_records_they_name():
+    """Each row of the README's results table links its record; its times and AP figures are the record's."""
+    import json
+
+    from benchmarks.fresh_clone import _minutes
+
+    rows = [line for line in _section((REPO / "README.md").read_text(), "## Results").splitlines()
+            if line.startswith("|") and "benchmarks/records/" in line]
+    assert len(rows) >= 2
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        name = re.search(r"benchmarks/records/([\w-]+)\.json", cells[-1]).group(1)
+        figures = json.loads((REPO / "benchmarks" / "records" / f"{name}.json").read_text())["figures"]
+        repro, ap, ap50, aps, tests = cells[1:6]
+        pipeline = figures["pipeline"]
+        assert [ap, ap50, aps] == [f"{pipeline[k]:.3f}" for k in ("AP", "AP50", "APs")], row
+        if re.match(r"\d+ min", repro):
+            assert repro == _minutes(pipeline["seconds"]), row
+        if re.match(r"\d+ min", tests):
+            assert tests == _minutes(figures["tests"]["seconds"]), row
+
+
+def test_readme_own_data_command_is_the_data_page_s():
+    """The README's own-data command is docs/data.md's, which tests/test_own_data.py runs."""
+    def first_bash_block(text: str) -> str:
+        return re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1).strip()
+
+    readme = _section((REPO / "README.md").read_text(), "## Your own data")
+    data = (REPO / "docs" / "data.md").read_text().split("## Your own COCO-format data", 1)[1]
+    assert first_bash_block(readme) == first_bash_block(data)
+
+
+LAYOUT_PATH = re.compile(r"\b((?:pipelines|stages)/(?:\w+/)*(?:\w+\.py\b)?)")
+
+
+def test_the_layout_page_names_exactly_the_modules_that_exist():
+    """docs/development.md's layout names every ``.py`` module of pipelines/ and stages/ (package ``__init__.py``
+    files aside), and every path it names exists."""
+    layout = _section((REPO / "docs" / "development.md").read_text(), "## Layout")
+    named = set(LAYOUT_PATH.findall(layout))
+    missing = sorted(name for name in named if not (REPO / name).exists())
+    modules = {str(path.relative_to(REPO)) for top in ("pipelines", "stages") for path in (REPO / top).rglob("*.py")
+               if path.name != "__init__.py"}
+    unlisted = sorted(modules - named)
+    assert not missing and not unlisted, f"named but absent: {missing}; present but not named: {unlisted}"
