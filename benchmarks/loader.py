@@ -7,7 +7,7 @@ At the configuration in ``params.yaml`` (or ``--params``), in one run:
   per-process batch, on batches
   from the real loader; images per second, median over steps after a warm-up. DDP's gradient
   all-reduce is not included, so this overstates what training consumes (the ratio is conservative);
-* the loader: :func:`pipelines.build.train_loader`, as the train stage builds it (decode,
+* the loader: :func:`pipelines.build.train.train_loader`, as the train stage builds it (decode,
   resize, augmentation preset, collate) with 0, 1 and 2 worker processes, drained as fast as
   possible after a warm-up; images per second of one training process, median of repeats. Batches
   are taken near the end of the schedule, so any augmentation that ramps up with the iteration
@@ -39,7 +39,9 @@ import yaml
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
-from pipelines import build
+from pipelines.build import data as build_data
+from pipelines.build import model as build_model
+from pipelines.build import train as build_train
 from pipelines.cli import exit_now
 from pipelines.config.load import params_from_dict
 from pipelines.config.schema import Params, SyntheticDataset
@@ -91,13 +93,15 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 
 def make_dataset(p: Params, root: Path, *, images: int) -> DetectionDataset:
     """Generate ``images`` synthetic training images under ``root``, cache them, wrap them as the train stage does."""
-    d = p.dataset
-    shape = ({k: getattr(d, k) for k in DEFAULT_SYNTHETIC} if isinstance(d, SyntheticDataset) else DEFAULT_SYNTHETIC)
+    dataset = p.dataset
+    shape = ({k: getattr(dataset, k) for k in DEFAULT_SYNTHETIC} if isinstance(dataset, SyntheticDataset)
+             else DEFAULT_SYNTHETIC)
     coco = generate_split(root / "images", split="train", size=images, seed=p.seed, **shape)
     source = root / "train.json"
     source.write_text(json.dumps(coco))
     build_cache(source, root / "cache", image_root=str(root / "images"), drop_empty=True)
-    return DetectionDataset(AnnotationCache(root / "cache"), transforms=build.train_transforms(p), seed=p.seed)
+    transforms = build_data.train_transforms(p, build_data.augmentation(p))
+    return DetectionDataset(AnnotationCache(root / "cache"), transforms=transforms, seed=p.seed)
 
 
 def _loader(p: Params, dataset: DetectionDataset, *, workers: int, batches: int):
@@ -106,8 +110,8 @@ def _loader(p: Params, dataset: DetectionDataset, *, workers: int, batches: int)
     start = max(p.train.max_iter - batches, 0)
     variant = dataclasses.replace(p, loader=dataclasses.replace(p.loader, num_workers=workers),
                                   train=dataclasses.replace(p.train, max_iter=start + batches))
-    return build.train_loader(variant, dataset, rank=0, world_size=p.train.nproc, device=torch.device("cpu"),
-                              start_iter=start)
+    return build_train.train_loader(variant, dataset, rank=0, world_size=p.train.nproc, device=torch.device("cpu"),
+                                    start_iter=start)
 
 
 def measure_decoders(dataset: DetectionDataset, *, repeats: int, iteration: int) -> dict:
@@ -139,21 +143,21 @@ def measure_decoders(dataset: DetectionDataset, *, repeats: int, iteration: int)
 
 def measure_training(p: Params, dataset: DetectionDataset, *, steps: int, warmup: int) -> dict:
     """Images per second of one training process: forward + backward + clip + step, one thread."""
-    t = p.train
+    train = p.train
     torch.manual_seed(p.seed)
-    compute = build.compute(p, torch.device("cpu"))
-    model = build.detector(p, num_classes=len(dataset.cache.categories), compute=compute)
-    optimizer = build.optimizer(p, model)
-    scheduler = build.scheduler(p, optimizer)
+    compute = build_model.compute(p, torch.device("cpu"))
+    model = build_model.detector(p, num_classes=len(dataset.cache.categories), compute=compute)
+    optimizer = build_train.optimizer(p, model)
+    scheduler = build_train.scheduler(p, optimizer)
     batches = list(_loader(p, dataset, workers=0, batches=min(steps + warmup, 4)))
     model.train()
     times = []
     for step in range(warmup + steps):
         batch = batches[step % len(batches)]
         start = time.perf_counter()
-        train_step(model, batch, optimizer, scheduler, t.clip_grad_norm)
+        train_step(model, batch, optimizer, scheduler, train.clip_grad_norm)
         times.append(time.perf_counter() - start)
-    batch_size = t.ims_per_batch // t.nproc
+    batch_size = train.ims_per_batch // train.nproc
     step_s = statistics.median(times[warmup:])
     return {"batch": batch_size, "step_s": step_s, "images_per_s": batch_size / step_s, "step_times_s": times[warmup:]}
 
@@ -191,7 +195,7 @@ def benchmark(p: Params, *, root: Path, images: int, workers: list[int], batches
     return {
         "config": {"model": p.model.name, "min_size_train": list(p.model.min_size_train),
                    "max_size_train": p.model.max_size_train,
-                   "precision": build.compute(p, torch.device("cpu")).precision,
+                   "precision": build_model.compute(p, torch.device("cpu")).precision,
                    "augment": p.augment.name, "nproc": p.train.nproc, "ims_per_batch": p.train.ims_per_batch,
                    "num_workers": p.loader.num_workers, "images": images, "batches": batches, "repeats": repeats,
                    "load_average": os.getloadavg()[0]},

@@ -35,7 +35,9 @@ from pathlib import Path
 
 import torch
 
-from pipelines import build, hardware
+from pipelines import hardware
+from pipelines.build import model as build_model
+from pipelines.build import train as build_train
 from pipelines.cli import exit_now
 from pipelines.config.schema import Params
 from pipelines.engine import train_step
@@ -65,9 +67,9 @@ def worker(batches_file: Path, params_file: str, augment: str | None, precision:
     saved = torch.load(batches_file, weights_only=False)
     torch.manual_seed(p.seed)
     compute = Compute(precision, channels_last, "benchmark variant")
-    model = build.detector(p, num_classes=saved["num_classes"], compute=compute, pretrained=False)
-    optimizer = build.optimizer(p, model)
-    scheduler = build.scheduler(p, optimizer)
+    model = build_model.detector(p, num_classes=saved["num_classes"], compute=compute, pretrained=False)
+    optimizer = build_train.optimizer(p, model)
+    scheduler = build_train.scheduler(p, optimizer)
     model.train()
     times = []
     batches = saved["batches"]

@@ -7,7 +7,7 @@ At the configuration in ``params.yaml`` (or ``--params``), on the loader benchma
   backward, clip, optimizer and scheduler step) on batches held in memory: pre-collated by the
   stage's own loader, no loader in the loop, no logging, no checkpoints;
 * **bare 2x1**: the same in two gloo processes of one thread each, the model wrapped by
-  :func:`pipelines.build.data_parallel` as the stage wraps it (each process its own shard of the batches);
+  :func:`pipelines.build.train.data_parallel` as the stage wraps it (each process its own shard of the batches);
 * **stage**: two processes running :func:`pipelines.engine.train`, the train stage's loop, on
   what the stage builds, through the same :mod:`pipelines.build` calls: the detector, optimizer,
   schedule, gradient scaler and DDP wrapper; the stage's loader (``loader.num_workers`` worker
@@ -64,7 +64,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.loader import add_dataset_arguments, load_benchmark_params, make_dataset
-from pipelines import build, distributed
+from pipelines import distributed
+from pipelines.build import data as build_data
+from pipelines.build import model as build_model
+from pipelines.build import train as build_train
 from pipelines.checkpoint import Checkpointer
 from pipelines.cli import exit_now
 from pipelines.config.load import to_flat_dict
@@ -85,8 +88,8 @@ class Variant:
 
     ``kind``: ``bare`` (train_step on batches in memory) or ``stage`` (engine.train as the stage
     runs it); ``world``: processes; ``ddp``: keyword arguments for DDP instead of
-    :func:`build.data_parallel` (``None``: the pipeline's own wrapper; ``False``: no DDP, each process
-    trains alone); ``hook``: a ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks`` name;
+    :func:`pipelines.build.train.data_parallel` (``None``: the pipeline's own wrapper; ``False``: no DDP,
+    each process trains alone); ``hook``: a ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks`` name;
     ``workers``: loader workers instead of ``loader.num_workers``; ``tracking``: log to MLflow;
     ``pin``: every thread of each process pinned to a core of its own (rank ``r`` to core ``r``).
     """
@@ -178,7 +181,7 @@ def _wrap(p: Params, model: torch.nn.Module, variant: Variant) -> torch.nn.Modul
     if variant.world == 1 or variant.ddp is False:
         return model
     if variant.ddp is None:
-        return build.data_parallel(p, model, device=torch.device("cpu"), world_size=variant.world)
+        return build_train.data_parallel(p, model, device=torch.device("cpu"), world_size=variant.world)
     from torch.nn.parallel import DistributedDataParallel
 
     wrapped = DistributedDataParallel(model, **variant.ddp)
@@ -191,11 +194,11 @@ def _wrap(p: Params, model: torch.nn.Module, variant: Variant) -> torch.nn.Modul
 
 def _solver(p: Params, num_classes: int, variant: Variant):
     torch.manual_seed(p.seed)
-    compute = build.compute(p, torch.device("cpu"))
-    model = build.detector(p, num_classes=num_classes, compute=compute)
-    optimizer = build.optimizer(p, model)
-    scheduler = build.scheduler(p, optimizer)
-    return _wrap(p, model, variant), optimizer, scheduler, build.grad_scaler(compute, torch.device("cpu"))
+    compute = build_model.compute(p, torch.device("cpu"))
+    model = build_model.detector(p, num_classes=num_classes, compute=compute)
+    optimizer = build_train.optimizer(p, model)
+    scheduler = build_train.scheduler(p, optimizer)
+    return _wrap(p, model, variant), optimizer, scheduler, build_train.grad_scaler(compute, torch.device("cpu"))
 
 
 def _window_loader(p: Params, dataset, *, rank: int, span: tuple[int, int, int], workers: int):
@@ -203,8 +206,8 @@ def _window_loader(p: Params, dataset, *, rank: int, span: tuple[int, int, int],
     start, _, last = span
     variant = dataclasses.replace(p, train=dataclasses.replace(p.train, max_iter=last),
                                   loader=dataclasses.replace(p.loader, num_workers=workers))
-    return build.train_loader(variant, dataset, rank=rank, world_size=WORLD, device=torch.device("cpu"),
-                              start_iter=start)
+    return build_train.train_loader(variant, dataset, rank=rank, world_size=WORLD, device=torch.device("cpu"),
+                                    start_iter=start)
 
 
 def run_bare(p: Params, variant: Variant, batches: list, num_classes: int, warmup: int) -> dict:
@@ -226,7 +229,6 @@ def run_stage(p: Params, variant: Variant, dataset, *, rank: int, span: tuple[in
     each timed iteration (from asking for its batch to asking for the next) by this process's clock, less
     any checkpoint written in it (``checkpoint_s``, charged separately at the stage's period); the
     seconds of each MLflow logging call (``log_s``) and of waiting for the loader."""
-    t = p.train
     start, first, last = span
     model, optimizer, scheduler, scaler = _solver(p, len(dataset.cache.categories), variant)
     workers = p.loader.num_workers if variant.workers is None else variant.workers
@@ -236,7 +238,7 @@ def run_stage(p: Params, variant: Variant, dataset, *, rank: int, span: tuple[in
         tracker = Tracker.start(experiment=p.tracking.experiment, params=params, run_name=f"benchmark {tag}")
     else:
         tracker = Tracker()
-    checkpointer = Checkpointer(root / "checkpoints" / tag, keep=t.keep_checkpoints, fingerprint="benchmark",
+    checkpointer = Checkpointer(root / "checkpoints" / tag, keep=p.train.keep_checkpoints, fingerprint="benchmark",
                                 extra={"categories": dataset.cache.categories})
     logged, saved = [], []
     _timed(tracker, "log_metrics", logged)
@@ -249,7 +251,8 @@ def run_stage(p: Params, variant: Variant, dataset, *, rank: int, span: tuple[in
                           log_period=p.train.log_period, metric_log=MetricLog(root / "logs" / f"{tag}.csv"),
                           tracker=tracker)
         train(model, loader, optimizer, scheduler, device=torch.device("cpu"), max_iter=last, start_iter=start,
-              **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, report=report, stop=StopRequest())
+              **build_train.loop_settings(p), checkpointer=checkpointer, scaler=scaler, report=report,
+              stop=StopRequest())
     finally:
         if rank == 0:
             sys.stderr.close()
@@ -291,7 +294,8 @@ def _measure(rank: int, job: dict, root: Path) -> dict:
     p: Params = job["params"]
     warmup, iters, repeats = job["warmup"], job["iters"], job["repeats"]
     span = window(p, warmup=warmup, iters=iters)
-    dataset = DetectionDataset(AnnotationCache(root / "cache"), transforms=build.train_transforms(p), seed=p.seed)
+    transforms = build_data.train_transforms(p, build_data.augmentation(p))
+    dataset = DetectionDataset(AnnotationCache(root / "cache"), transforms=transforms, seed=p.seed)
     num_classes = len(dataset.cache.categories)
     batches = list(_window_loader(p, dataset, rank=rank, span=span, workers=0))  # this rank's, pre-collated
     counts = distributed.gather_objects(sum(len(b.indices) for b in batches[warmup:]))  # timed images per rank
@@ -430,7 +434,8 @@ def benchmark(p: Params, *, root: Path, images: int, variants: list[str], warmup
             os.environ["OMP_NUM_THREADS"] = threads
     measured = json.loads((root / "results.json").read_text())
     config = {"model": p.model.name, "min_size_train": list(p.model.min_size_train),
-              "max_size_train": p.model.max_size_train, "precision": build.compute(p, torch.device("cpu")).precision,
+              "max_size_train": p.model.max_size_train,
+              "precision": build_model.compute(p, torch.device("cpu")).precision,
               "augment": p.augment.name,
               "batch_per_process": p.train.ims_per_batch // WORLD, "processes": WORLD,
               "num_workers": p.loader.num_workers, "log_period": p.train.log_period,

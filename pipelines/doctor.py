@@ -36,7 +36,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torchvision
 
-from . import build, cli, hardware
+from . import cli, hardware
+from .build import model as build_model
+from .build import train as build_train
 from .tracking import store
 from .config.load import load_params
 from .config.schema import Params, SyntheticDataset
@@ -76,10 +78,10 @@ def probe(p: Params, compute: hardware.Compute, device: torch.device, *, steps: 
     try:
         torch.manual_seed(0)
         num_classes = p.dataset.num_classes if isinstance(p.dataset, SyntheticDataset) else 80
-        model = build.detector(p, num_classes=num_classes, compute=compute, pretrained=False).to(device)
-        optimizer = build.optimizer(p, model)
-        scheduler = build.scheduler(p, optimizer)
-        scaler = build.grad_scaler(compute, device)
+        model = build_model.detector(p, num_classes=num_classes, compute=compute, pretrained=False).to(device)
+        optimizer = build_train.optimizer(p, model)
+        scheduler = build_train.scheduler(p, optimizer)
+        scaler = build_train.grad_scaler(compute, device)
         from .engine import train_step
 
         per_process = max(1, p.train.ims_per_batch // p.train.nproc)
@@ -131,13 +133,13 @@ def _sync(device: torch.device) -> None:
 
 def predict_seconds(p: Params, found: Probe) -> dict[str, float] | None:
     """The predicted wall time of ``dvc repro`` from scratch, by part; ``None`` for datasets of unknown size."""
-    d = p.dataset
-    if not isinstance(d, SyntheticDataset):
+    dataset = p.dataset
+    if not isinstance(dataset, SyntheticDataset):
         return None
     parts = {
-        "prepare": (d.train_size + d.val_size) * PREPARE_S_PER_IMAGE,
+        "prepare": (dataset.train_size + dataset.val_size) * PREPARE_S_PER_IMAGE,
         "train": p.train.max_iter * p.train.ims_per_batch / (p.train.nproc * found.train_images_per_s * PARALLEL),
-        "evaluate": d.val_size * _views(p) / (p.train.nproc * found.inference_images_per_s),
+        "evaluate": dataset.val_size * _views(p) / (p.train.nproc * found.inference_images_per_s),
         "start-up (processes, DVC, MLflow)": STARTUP_S,
     }
     parts["total"] = sum(parts.values())
@@ -146,17 +148,17 @@ def predict_seconds(p: Params, found: Probe) -> dict[str, float] | None:
 
 def _views(p: Params) -> float:
     """Inference work per val image in test-size views: 1, plus each test-time scale's area, doubled by flips."""
-    e = p.evaluate
-    if not e.tta:
+    evaluate = p.evaluate
+    if not evaluate.tta:
         return 1.0
-    views = 1 + sum((scale / p.model.min_size_test) ** 2 for scale in e.tta_scales)
-    return views * (2 if e.tta_flip else 1)
+    views = 1 + sum((scale / p.model.min_size_test) ** 2 for scale in evaluate.tta_scales)
+    return views * (2 if evaluate.tta_flip else 1)
 
 
 def report(p: Params, *, params_file: str, run_probe: bool = True) -> dict:
     """Everything the report says, as plain values."""
     device = training_device()
-    compute = build.compute(p, device)
+    compute = build_model.compute(p, device)
     root = store.repo_root()
     usage = shutil.disk_usage(root)
     gpus = [{"name": torch.cuda.get_device_name(i),

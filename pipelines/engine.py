@@ -202,7 +202,9 @@ def train(model: torch.nn.Module, loader, optimizer: torch.optim.Optimizer, sche
         iteration += 1
         losses = train_step(model, batch.to(device, non_blocking=True), optimizer, scheduler, clip_grad_norm, scaler)
         reduced_tensors, stopping = distributed.reduce_loss_dict(losses, flag=stop is not None and stop.is_set())
-        total = float(sum(reduced_tensors.values()))  # summed in float32, as logged before
+        # summed as float32 tensors, as train_step sums the loss it back-propagates: the logged total is that
+        # loss (a sum of the parts as Python floats would differ in the last digits)
+        total = float(sum(reduced_tensors.values()))
         reduced = {k: float(v) for k, v in reduced_tensors.items()}
         bad = [k for k, v in reduced.items() if not math.isfinite(v)]
         if bad:

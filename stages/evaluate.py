@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from pipelines import build, cli, distributed
+from pipelines import cli, distributed
+from pipelines.build import data as build_data
+from pipelines.build import model as build_model
 from pipelines.config.load import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
@@ -38,8 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     p = load_params(args.params, world_size=world_size)
     training_run_id = read_run_id(args.train_run) if main_process else None
     cache = AnnotationCache(args.cache / "val", verify=True)
-    model, compute, iteration = build.trained_detector(p, args.model, categories=cache.categories,
-                                                       split=args.cache / "val", device=device)
+    model, compute, iteration = build_model.trained_detector(p, args.model, categories=cache.categories,
+                                                             split=args.cache / "val", device=device)
     if main_process:
         compute.announce(log)
     tracker = open_evaluation_run(
@@ -47,10 +49,10 @@ def main(argv: list[str] | None = None) -> None:
         training_run_id=training_run_id, params_file=args.params, cache=args.cache) if main_process else Tracker()
     with stage_run(tracker, args.run_file if main_process else None, experiment=p.tracking.experiment,
                    training_run_id=training_run_id):
-        dataset = DetectionDataset(cache, transforms=build.test_transforms(p), seed=p.seed, skip_crowd=False)
-        loader = build.test_loader(p, dataset, rank=rank, world_size=world_size)
+        dataset = DetectionDataset(cache, transforms=build_data.test_transforms(p), seed=p.seed, skip_crowd=False)
+        loader = build_data.test_loader(p, dataset, rank=rank, world_size=world_size)
         detections = predict(model, loader, device=device, category_ids=cache.category_ids,
-                             tta=build.test_time_augmentation(p), size_divisibility=p.loader.size_divisibility,
+                             tta=build_data.test_time_augmentation(p), size_divisibility=p.loader.size_divisibility,
                              progress=main_process)
         gathered = distributed.gather_objects(detections)
         if gathered is not None:

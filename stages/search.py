@@ -14,17 +14,16 @@ from __future__ import annotations
 import logging
 import os
 
-from pipelines import build, cli, lifetime
+from pipelines import cli, lifetime
+from pipelines.build import data as build_data
 from pipelines.config.load import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
-from pipelines.data.preview import augmentation_preview
-from pipelines.data.transforms import build_transforms
 from pipelines.fileio import file_sha256, write_json
 from pipelines.policy import PUBLISHED_POLICY, decode_policy
 from pipelines.search.evolution import Search, Settings
 from pipelines.search.pool import CandidatePool
-from pipelines.search.proxy import Proxy, augmentation, baseline_aps, bin_shares, search_params
+from pipelines.search.proxy import Proxy, baseline_aps, bin_shares, search_params
 from pipelines.search.record import SearchRecord
 from pipelines.tracking.run import open_search_run, read_run_file, stage_run
 
@@ -43,14 +42,16 @@ def main(argv: list[str] | None = None) -> None:
     if os.environ.get("DVC_STAGE"):  # started by DVC: it dies with dvc (and its candidate processes with it)
         lifetime.die_with(lifetime.owner_beyond_shells())
     p = search_params(load_params(args.params))
-    s, a = p.search, p.augment
-    settings = Settings(rounds=s.rounds, population=s.population, kept=s.kept, mutations=s.mutations,
-                        crossovers=s.crossovers, random=s.random, mutation_prob=s.mutation_prob, seed=s.seed,
-                        n_subpolicies=a.n_subpolicies, include=(PUBLISHED_POLICY,) if s.include_published else ())
+    augment = p.augment
+    settings = Settings(rounds=p.search.rounds, population=p.search.population, kept=p.search.kept,
+                        mutations=p.search.mutations, crossovers=p.search.crossovers, random=p.search.random,
+                        mutation_prob=p.search.mutation_prob, seed=p.search.seed, n_subpolicies=augment.n_subpolicies,
+                        include=(PUBLISHED_POLICY,) if p.search.include_published else ())
     proxy = Proxy(p, args.baseline, args.cache, args.prepared / "val.json")
     shares = bin_shares(AnnotationCache(args.cache / "train"), min_size=min(p.model.min_size_train),
-                        max_size=p.model.max_size_train, splits=a.scale_splits)
-    log.info("scale bins (area bounds %s): %s of the train boxes", a.scale_splits, ", ".join(f"{x:.1%}" for x in shares))
+                        max_size=p.model.max_size_train, splits=augment.scale_splits)
+    log.info("scale bins (area bounds %s): %s of the train boxes", augment.scale_splits,
+             ", ".join(f"{x:.1%}" for x in shares))
     if min(shares) < EMPTY_BIN:
         log.warning("a scale bin holds almost none of the train boxes at the training size: the score's balance is "
                     "out of reach and it favours enlarging objects; search.scale_splits: auto scales the bounds to "
@@ -66,9 +67,10 @@ def main(argv: list[str] | None = None) -> None:
         search = Search(args.out, settings)
         with CandidatePool(proxy, baseline) as pool:
             best = search.run(record.tracked(pool.score, tracker), on_round=record.round_logger(tracker))
-        write_json(args.policy, {"policy": best["genome"], "n_subpolicies": a.n_subpolicies,
-                                 "scale_splits": a.scale_splits, "key": best["key"],
-                                 "score": best["score"], "policy_text": str(decode_policy(best["genome"], a.n_subpolicies))})
+        best_policy = decode_policy(best["genome"], augment.n_subpolicies)
+        write_json(args.policy, {"policy": best["genome"], "n_subpolicies": augment.n_subpolicies,
+                                 "scale_splits": augment.scale_splits, "key": best["key"],
+                                 "score": best["score"], "policy_text": str(best_policy)})
         write_json(args.metrics, {"score": best["score"], **{k: best[k] for k in ("AP", "APs", "APm", "APl")},
                                   **{f"baseline_{k}": v for k, v in baseline.items() if k != "seconds"},
                                   "candidates": len(list((args.out / "candidates").glob("*.json")))})
@@ -76,15 +78,14 @@ def main(argv: list[str] | None = None) -> None:
                                  "median": e["median"]} for e in search.history])
         write_json(args.bins, record.top_bins(search, TOP))
         tracker.log_artifact(args.policy)
-        tracker.log_text(str(decode_policy(best["genome"], a.n_subpolicies)), "best_policy.txt")
-        cache = AnnotationCache(args.cache / "train", verify=False)
-        plain = DetectionDataset(cache, transforms=build.train_transforms(p, augment=False), seed=p.seed)
-        augmented = DetectionDataset(cache, seed=p.seed, transforms=build_transforms(
-            min_sizes=p.model.min_size_train, max_size=p.model.max_size_train, augment=augmentation(p, best["genome"])))
-        preview = augmentation_preview(plain, augmented, count=6, iteration=0, path=args.out / "best_preview.png")
+        tracker.log_text(str(best_policy), "best_policy.txt")
+        augmentation = build_data.augmentation(p, best_policy, ramp=False)  # as the candidates were fine-tuned
+        augmented = DetectionDataset(AnnotationCache(args.cache / "train", verify=False),
+                                     transforms=build_data.train_transforms(p, augmentation), seed=p.seed)
+        preview = build_data.preview(p, augmented, count=6, iteration=0, path=args.out / "best_preview.png")
         tracker.log_artifact(preview, "preview")
     log.info("best policy (score %.4f, AP %.3f on the held-out images):\n%s", best["score"], best["AP"],
-             decode_policy(best["genome"], a.n_subpolicies))
+             best_policy)
 
 
 if __name__ == "__main__":

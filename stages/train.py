@@ -13,11 +13,13 @@ import logging
 
 import torch
 
-from pipelines import build, checkpoint, cli, distributed
+from pipelines import checkpoint, cli, distributed
+from pipelines.build import data as build_data
+from pipelines.build import model as build_model
+from pipelines.build import train as build_train
 from pipelines.config.load import load_params, read_policy_file, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
-from pipelines.data.preview import augmentation_preview
 from pipelines.engine import StopRequest, train
 from pipelines.tracking.run import open_training_run, read_run_file, stage_run
 from pipelines.tracking.tracker import Tracker
@@ -37,29 +39,32 @@ def main(argv: list[str] | None = None) -> None:
     device = distributed.init_from_env()
     rank, world_size, main_process = distributed.get_rank(), distributed.get_world_size(), distributed.is_main_process()
     p = read_policy_file(load_params(args.params, world_size=world_size, overrides=args.set), args.params)
-    compute = build.compute(p, device)
+    compute = build_model.compute(p, device)
     if main_process:
         compute.announce(log)
     torch.manual_seed(p.seed)
 
     cache = AnnotationCache(args.cache / "train", verify=True)
-    dataset = DetectionDataset(cache, transforms=build.train_transforms(p), seed=p.seed)
-    model = build.detector(p, num_classes=len(cache.categories), compute=compute).to(device)
-    optimizer = build.optimizer(p, model)
-    scheduler = build.scheduler(p, optimizer)
-    fingerprint = build.fingerprint(p, compute, data=json.dumps(cache.meta["arrays"]))
+    policy = build_data.policy(p)  # decoded once: the augmentation applies it, the run logs it
+    dataset = DetectionDataset(cache, transforms=build_data.train_transforms(p, build_data.augmentation(p, policy)),
+                               seed=p.seed)
+    model = build_model.detector(p, num_classes=len(cache.categories), compute=compute).to(device)
+    optimizer = build_train.optimizer(p, model)
+    scheduler = build_train.scheduler(p, optimizer)
+    fingerprint = build_model.fingerprint(p, compute, data=json.dumps(cache.meta["arrays"]))
     checkpointer = checkpoint.Checkpointer(args.checkpoints, keep=p.train.keep_checkpoints, fingerprint=fingerprint,
                                            extra={"categories": cache.categories})
     if main_process:
         checkpointer.claim(model, args.model, others=[args.run, args.train_log, args.preview])
     previous = read_run_file(args.run_file) if main_process else {}
-    scaler = build.grad_scaler(compute, device)
+    scaler = build_train.grad_scaler(compute, device)
     start_iter, extras = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    loader = build.train_loader(p, dataset, rank=rank, world_size=world_size, device=device, start_iter=start_iter)
-    model = build.data_parallel(p, model, device=device, world_size=world_size)
+    loader = build_train.train_loader(p, dataset, rank=rank, world_size=world_size, device=device,
+                                      start_iter=start_iter)
+    model = build_train.data_parallel(p, model, device=device, world_size=world_size)
     log.info("%d images, %d classes, %.1fM parameters, %d processes on %s, batch %d, iterations %d to %d",
              len(dataset), len(cache.categories), sum(x.numel() for x in model.parameters()) / 1e6,
-             world_size, device.type, p.train.ims_per_batch, start_iter, build.last_iteration(p))
+             world_size, device.type, p.train.ims_per_batch, start_iter, build_train.last_iteration(p))
 
     tracker, tracked_until = open_training_run(
         experiment=p.tracking.experiment, params=to_flat_dict(p), compute=compute.as_params(), fingerprint=fingerprint,
@@ -70,20 +75,20 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run(tracker, args.run_file if main_process else None, experiment=p.tracking.experiment,
                    fingerprint=fingerprint, output=args.run):
         if main_process:
-            if start_iter == 0 and (policy := build.policy(p)) is not None:
+            if start_iter == 0 and policy is not None:
                 log.info("Scale-aware AutoAugment policy:\n%s", policy)
                 tracker.log_text(str(policy), "augment_policy.txt")
-            plain = DetectionDataset(cache, transforms=build.train_transforms(p, augment=False), seed=p.seed)
-            augmentation_preview(plain, dataset, count=PREVIEW_SAMPLES, iteration=p.train.max_iter, path=preview)
+            build_data.preview(p, dataset, count=PREVIEW_SAMPLES, iteration=p.train.max_iter, path=preview)
             if start_iter == 0:
                 tracker.log_artifact(preview, "preview")
-        report = build.reporter(p, start_iter=start_iter, device=device, log_file=train_log, tracker=tracker,
-                                tracked_until=tracked_until)
-        train(model, loader, optimizer, scheduler, device=device, max_iter=build.last_iteration(p), start_iter=start_iter,
-              **build.loop_settings(p), checkpointer=checkpointer, scaler=scaler, report=report, stop=stop)
+        report = build_train.reporter(p, start_iter=start_iter, device=device, log_file=train_log, tracker=tracker,
+                                      tracked_until=tracked_until)
+        train(model, loader, optimizer, scheduler, device=device, max_iter=build_train.last_iteration(p),
+              start_iter=start_iter, **build_train.loop_settings(p), checkpointer=checkpointer, scaler=scaler,
+              report=report, stop=stop)
         if main_process:
             checkpoint.save(args.model, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
-                            iteration=build.last_iteration(p), **compute.stored())
+                            iteration=build_train.last_iteration(p), **compute.stored())
             checkpointer.promote({train_log: args.train_log, preview: args.preview})
             tracker.log_artifact(args.model, "model")
             tracker.log_artifact(args.train_log)

@@ -34,7 +34,8 @@ from PIL import Image
 
 import stages.cache
 import stages.prepare
-from pipelines import build, cli
+from pipelines import cli
+from pipelines.build import data as build_data
 from pipelines.config.load import load_params
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
@@ -466,7 +467,8 @@ def test_unusual_valid_input_prepares_caches_and_loads(data, change):
     data.params = _tiny_training_params(data.params)
     data.write()
     p = load_params(data.params_file)
-    dataset = DetectionDataset(AnnotationCache(cache / "train"), transforms=build.train_transforms(p), seed=p.seed)
+    transforms = build_data.train_transforms(p, build_data.augmentation(p))
+    dataset = DetectionDataset(AnnotationCache(cache / "train"), transforms=transforms, seed=p.seed)
     for index in range(len(dataset)):
         image, target, _ = dataset[(index, p.train.max_iter)]
         assert image.dtype == torch.uint8 and image.shape[0] == 3 and len(target["boxes"]) == len(target["labels"])
@@ -926,7 +928,7 @@ def test_every_name_validation_accepts_is_one_the_code_selects():
     from pipelines.config.schema import CHOICES
 
     registries = {"model.backbone": model.BACKBONES, "model.norm": model.NORM_LAYERS,
-                  "model.precision": hardware.PRECISIONS, "augment.name": build.AUGMENTATIONS,
+                  "model.precision": hardware.PRECISIONS, "augment.name": build_data.AUGMENTATIONS,
                   "train.optimizer": solver.OPTIMIZERS, "train.lr_schedule": solver.LR_SCHEDULES,
                   "evaluate.backend": evaluation.BACKENDS}
     assert {key: tuple(names) for key, names in registries.items()} == CHOICES

@@ -15,7 +15,7 @@ from benchmarks import evaluation as evaluation_benchmark
 from benchmarks import loader as loader_benchmark
 from benchmarks import sa_autoaug as sa_autoaug_benchmark
 from benchmarks.coco_scale import COCO_CATEGORY_IDS, make_coco_scale, write_coco_scale
-from pipelines import build
+from pipelines.build import data as build_data
 
 from .conftest import COCO_REAL, REPO
 
@@ -137,7 +137,8 @@ def test_decoders_agree_with_the_dataset(tiny_cache, coco_real):
 def test_loader_benchmark_swaps_the_augment_preset(name):
     p = loader_benchmark.load_benchmark_params(REPO / "params.yaml", augment=name)
     assert p.augment.name == name
-    transforms = build.train_transforms(p)  # as the benchmark and the train stage build them
+    # as the benchmark and the train stage build them
+    transforms = build_data.train_transforms(p, build_data.augmentation(p))
     image = torch.zeros(3, 64, 80, dtype=torch.uint8)
     target = {"boxes": torch.tensor([[1.0, 2.0, 30.0, 40.0]]), "labels": torch.tensor([1])}
     from pipelines.data.transforms import SampleContext

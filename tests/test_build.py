@@ -9,7 +9,10 @@ import torchvision
 import yaml
 from torchvision.models._api import WeightsEnum
 
-from pipelines import build, checkpoint
+from pipelines import checkpoint
+from pipelines.build import data as build_data
+from pipelines.build import model as build_model
+from pipelines.build import train as build_train
 from pipelines.compose import compose_params
 from pipelines.config.load import load_params, params_from_dict, training_params
 from pipelines.config.schema import Params
@@ -37,23 +40,39 @@ def _with(p: Params, section: str, **values) -> Params:
 
 
 def test_sa_autoaug_preset_is_the_flip_then_the_policy_with_the_params_settings(params):
-    a = params.augment
-    assert a.name == "sa_autoaug"
-    augmentation = build.augmentation(params)
-    flip, autoaug = augmentation.transforms
-    assert isinstance(flip, RandomHorizontalFlip) and flip.prob == a.hflip_prob
-    assert isinstance(autoaug, ScaleAwareAutoAugment)
-    assert autoaug.policy == decode_policy(a.policy, a.n_subpolicies) == build.policy(params)
-    assert autoaug.scale_splits == tuple(a.scale_splits) and autoaug.box_prob == a.box_prob
-    assert autoaug.max_iter == params.train.max_iter and autoaug.filler_cache_mb == a.filler_cache_mb
-    assert (autoaug.filler_pool, autoaug.filler_pool_iters) == (a.filler_pool, a.filler_pool_iters) == (512, 1000)
+    augment = params.augment
+    assert augment.name == "sa_autoaug"
+    policy = build_data.policy(params)
+    assert policy == decode_policy(augment.policy, augment.n_subpolicies)
+    for augmentation in (build_data.augmentation(params), build_data.augmentation(params, policy)):
+        flip, autoaug = augmentation.transforms
+        assert isinstance(flip, RandomHorizontalFlip) and flip.prob == augment.hflip_prob
+        assert isinstance(autoaug, ScaleAwareAutoAugment) and autoaug.policy == policy
+        assert autoaug.scale_splits == tuple(augment.scale_splits) and autoaug.box_prob == augment.box_prob
+        assert autoaug.max_iter == params.train.max_iter and autoaug.filler_cache_mb == augment.filler_cache_mb
+        assert (autoaug.filler_pool, autoaug.filler_pool_iters) == (augment.filler_pool, augment.filler_pool_iters)
+    assert (augment.filler_pool, augment.filler_pool_iters) == (512, 1000)
+
+
+@pytest.mark.parametrize("preset", ["none", "flip", "sa_autoaug"])
+def test_a_given_policy_without_ramp_is_the_searchs_augmentation_whatever_the_preset(params, preset):
+    """The search's candidates: the flip, then Scale-aware AutoAugment with the candidate's policy at full
+    strength from the first iteration, with the preset's settings."""
+    p = _with(params, "augment", name=preset)
+    genes = list(reversed(params.augment.policy))
+    candidate = decode_policy(genes, p.augment.n_subpolicies)
+    flip, autoaug = build_data.augmentation(p, candidate, ramp=False).transforms
+    assert isinstance(flip, RandomHorizontalFlip) and flip.prob == p.augment.hflip_prob
+    assert autoaug.policy == candidate and autoaug.max_iter == 0 and autoaug.ramp(0) == 1.0
+    assert (autoaug.scale_splits, autoaug.box_prob, autoaug.filler_cache_mb) == (
+        tuple(p.augment.scale_splits), p.augment.box_prob, p.augment.filler_cache_mb)
 
 
 @pytest.mark.parametrize("preset", ["none", "flip"])
 def test_other_presets(preset):
     p = params_from_dict(yaml.safe_load(compose_params(REPO, [f"augment={preset}"])))
-    augmentation = build.augmentation(p)
-    assert build.policy(p) is None
+    augmentation = build_data.augmentation(p)
+    assert build_data.policy(p) is None
     if preset == "none":
         assert augmentation is None
     else:
@@ -61,33 +80,33 @@ def test_other_presets(preset):
 
 
 def test_transforms_resize_to_the_train_or_test_sizes(params):
-    m = params.model
-    train = build.train_transforms(params)
+    model = params.model
+    train = build_data.train_transforms(params, build_data.augmentation(params))
     assert isinstance(train, Compose) and len(train.transforms) == 2
     resize = train.transforms[0]
-    assert isinstance(resize, ResizeShorterSide) and (resize.min_sizes, resize.max_size) == (m.min_size_train,
-                                                                                              m.max_size_train)
-    plain = build.train_transforms(params, augment=False)
-    assert len(plain.transforms) == 1 and plain.transforms[0].min_sizes == m.min_size_train
-    test = build.test_transforms(params).transforms
-    assert len(test) == 1 and (test[0].min_sizes, test[0].max_size) == ([m.min_size_test], m.max_size_test)
+    assert isinstance(resize, ResizeShorterSide) and (resize.min_sizes, resize.max_size) == (model.min_size_train,
+                                                                                              model.max_size_train)
+    resized = build_data.train_transforms(params, None)
+    assert len(resized.transforms) == 1 and resized.transforms[0].min_sizes == model.min_size_train
+    test = build_data.test_transforms(params).transforms
+    assert len(test) == 1 and (test[0].min_sizes, test[0].max_size) == ([model.min_size_test], model.max_size_test)
 
 
 def test_test_time_augmentation_only_when_asked(params):
-    assert build.test_time_augmentation(_with(params, "evaluate", tta=False)) is None
-    tta = build.test_time_augmentation(_with(params, "evaluate", tta=True, tta_scales=[200, 300], tta_flip=False))
+    assert build_data.test_time_augmentation(_with(params, "evaluate", tta=False)) is None
+    tta = build_data.test_time_augmentation(_with(params, "evaluate", tta=True, tta_scales=[200, 300], tta_flip=False))
     assert tta == transforms.TestTimeAugmentation(scales=(200, 300), max_size=params.evaluate.tta_max_size, flip=False)
 
 
 def test_detector_follows_the_model_section(params):
     p = _with(params, "model", fpn_channels=64, head_convs=1, precision="fp32", channels_last=False, score_thresh=0.2,
               nms_thresh=0.5, detections_per_img=7, topk_candidates=50)
-    model = build.detector(p, num_classes=3, compute=build.compute(p, CPU))
+    model = build_model.detector(p, num_classes=3, compute=build_model.compute(p, CPU))
     assert model.backbone.out_channels == 64 and model.autocast_dtype is None and not model.channels_last
     assert len([m for m in model.head.classification_head.conv if isinstance(m, torch.nn.Conv2d)]) == 1
     assert model.head.classification_head.num_classes == 3
     assert (model.score_thresh, model.nms_thresh, model.detections_per_img, model.topk_candidates) == (0.2, 0.5, 7, 50)
-    bf16 = build.detector(params, num_classes=3, compute=Compute("bf16", True, "chosen by the test"))
+    bf16 = build_model.detector(params, num_classes=3, compute=Compute("bf16", True, "chosen by the test"))
     assert bf16.autocast_dtype == torch.bfloat16 and bf16.channels_last
 
 
@@ -97,10 +116,10 @@ def test_compute_resolves_auto_from_the_hardware_and_keeps_explicit_values(param
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     for native, expected in (("avx2_vnni_2", ("bf16", True)), (None, ("fp32", False))):
         monkeypatch.setattr(hardware, "native_bf16_cpu", lambda native=native: native)
-        resolved = build.compute(_with(params, "model", precision="auto", channels_last="auto"), CPU)
+        resolved = build_model.compute(_with(params, "model", precision="auto", channels_last="auto"), CPU)
         assert (resolved.precision, resolved.channels_last) == expected and resolved.warning is None
         assert resolved.reason.startswith("auto: ")
-    explicit = build.compute(_with(params, "model", precision="bf16", channels_last=False), CPU)
+    explicit = build_model.compute(_with(params, "model", precision="bf16", channels_last=False), CPU)
     assert (explicit.precision, explicit.channels_last) == ("bf16", False)
     assert "bf16 is emulated here" in explicit.warning and "18x slower than fp32 on an AVX2 CPU" in explicit.warning
 
@@ -108,25 +127,45 @@ def test_compute_resolves_auto_from_the_hardware_and_keeps_explicit_values(param
 def test_loaders_split_the_global_batch_across_processes(params, tiny_cache):
     p = _with(_with(params, "train", ims_per_batch=4, max_iter=5), "loader", num_workers=0)
     p = _with(p, "evaluate", ims_per_batch=4)
-    dataset = DetectionDataset(tiny_cache, transforms=build.train_transforms(p, augment=False), seed=p.seed)
-    batches = list(build.train_loader(p, dataset, rank=1, world_size=2, device=torch.device("cpu"), start_iter=2))
+    dataset = DetectionDataset(tiny_cache, transforms=build_data.train_transforms(p, None), seed=p.seed)
+    batches = list(build_train.train_loader(p, dataset, rank=1, world_size=2, device=CPU, start_iter=2))
     assert len(batches) == 3 and all(len(b.indices) <= 2 for b in batches)
-    shards = [list(build.test_loader(p, dataset, rank=r, world_size=2)) for r in range(2)]
+    shards = [list(build_data.test_loader(p, dataset, rank=r, world_size=2)) for r in range(2)]
     assert all(len(b.indices) <= 2 for shard in shards for b in shard)
     assert sorted(i for shard in shards for b in shard for i in b.indices) == list(range(len(dataset)))
+
+
+def test_a_fine_tune_reads_its_whole_schedule_in_process_in_its_candidates_order(params, tiny_cache):
+    p = _with(_with(params, "train", ims_per_batch=2, max_iter=4, stop_at=0.5), "loader", num_workers=2)
+    dataset = DetectionDataset(tiny_cache, transforms=build_data.train_transforms(p, None), seed=p.seed)
+    loader = build_train.fine_tune_loader(p, dataset, seed=7)
+    assert loader.num_workers == 0 and not loader.pin_memory
+    batches = [b.indices for b in loader]
+    assert len(batches) == 4 and all(len(b) == 2 for b in batches)  # train.max_iter, whatever train.stop_at says
+    assert [b.indices for b in build_train.fine_tune_loader(p, dataset, seed=7)] == batches
+    assert [b.indices for b in build_train.fine_tune_loader(p, dataset, seed=8)] != batches
+
+
+def test_the_preview_shows_the_augmented_datasets_images_resized_only_then_augmented(params, tiny_cache, tmp_path):
+    p = _with(params, "model", min_size_train=[96], max_size_train=128)
+    flip = RandomHorizontalFlip(1.0)
+    augmented = DetectionDataset(tiny_cache, transforms=build_data.train_transforms(p, flip), seed=p.seed)
+    path = build_data.preview(p, augmented, count=2, iteration=3, path=tmp_path / "preview.png")
+    grid = torchvision.io.decode_png(torchvision.io.read_file(str(path)))
+    assert grid.shape[0] == 3 and 2 * 96 <= grid.shape[1] <= 2 * 128 + 3 * 4
 
 
 def test_optimizer_and_schedule_follow_the_train_section(params):
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
     p = _with(params, "train", optimizer="sgd", base_lr=0.5, momentum=0.8, weight_decay=0.01, norm_weight_decay=0.0,
               warmup_iters=10, warmup_factor=0.2)
-    optimizer = build.optimizer(p, model)
+    optimizer = build_train.optimizer(p, model)
     assert isinstance(optimizer, torch.optim.SGD)
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]
     assert optimizer.param_groups[0]["momentum"] == 0.8
-    build.scheduler(p, optimizer)
+    build_train.scheduler(p, optimizer)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 0.2)  # the warm-up factor at iteration 0
-    assert isinstance(build.optimizer(params, model), torch.optim.AdamW)
+    assert isinstance(build_train.optimizer(params, model), torch.optim.AdamW)
 
 
 def _r18_file(tmp_path, state=None):
@@ -143,12 +182,12 @@ def test_detector_loads_backbone_weights_from_a_file_and_freezes_the_stages(para
     state = {k: v + 1 if v.is_floating_point() else v for k, v in torchvision.models.resnet18().state_dict().items()}
     path = _r18_file(tmp_path, state)
     p = _small(params, backbone_weights=str(path), norm="frozen_batchnorm", trainable_layers=3)
-    body = build.detector(p, num_classes=3, compute=FP32).backbone.body
+    body = build_model.detector(p, num_classes=3, compute=FP32).backbone.body
     assert all(torch.equal(v, state[k]) for k, v in body.state_dict().items())
     assert {n for n, x in body.named_parameters() if not x.requires_grad} == \
         {n for n, _ in body.named_parameters() if n.startswith(("conv1.", "layer1."))}
     # A trained model's state dict replaces the weights anyway: nothing needs to be read.
-    assert not torch.equal(build.detector(p, num_classes=3, compute=FP32, pretrained=False).backbone.body.conv1.weight,
+    assert not torch.equal(build_model.detector(p, num_classes=3, compute=FP32, pretrained=False).backbone.body.conv1.weight,
                            state["conv1.weight"])
 
 
@@ -163,7 +202,7 @@ def test_detector_resolves_torchvision_weights_names(params, monkeypatch, value)
         return state
 
     monkeypatch.setattr(WeightsEnum, "get_state_dict", get_state_dict)
-    body = build.detector(_small(params, backbone_weights=value), num_classes=3, compute=FP32).backbone.body
+    body = build_model.detector(_small(params, backbone_weights=value), num_classes=3, compute=FP32).backbone.body
     assert asked == [torchvision.models.ResNet18_Weights.IMAGENET1K_V1]
     assert all(torch.equal(v, state[k]) for k, v in body.state_dict().items())
 
@@ -200,14 +239,14 @@ def _no_state_dict(tmp_path):
 def test_bad_backbone_weights_files_stop_with_one_line(params, tmp_path, make, message):
     value = str(make(tmp_path))
     with pytest.raises(ConfigError) as err:
-        build.detector(_small(params, backbone_weights=value), num_classes=3, compute=FP32)
+        build_model.detector(_small(params, backbone_weights=value), num_classes=3, compute=FP32)
     text = str(err.value)
     assert text.startswith(f"model.backbone_weights: {value!r}") and message in text and "\n" not in text
 
 
 def test_unknown_weights_name_and_failed_download_stop_with_one_line(params, tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as err:
-        build.detector(_small(params, backbone_weights="IMAGENET9K_V9"), num_classes=3, compute=FP32)
+        build_model.detector(_small(params, backbone_weights="IMAGENET9K_V9"), num_classes=3, compute=FP32)
     assert str(err.value) == ("model.backbone_weights: 'IMAGENET9K_V9': no such weights for resnet18; expected one of "
                               "IMAGENET1K_V1, DEFAULT (or ResNet18_Weights.<name>), or a state-dict file")
 
@@ -217,7 +256,7 @@ def test_unknown_weights_name_and_failed_download_stop_with_one_line(params, tmp
     monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))  # an empty cache: it must download
     monkeypatch.setattr(torch.hub, "urlopen", offline)
     with pytest.raises(ConfigError) as err:
-        build.detector(_small(params, backbone_weights="ResNet18_Weights.IMAGENET1K_V1"), num_classes=3, compute=FP32)
+        build_model.detector(_small(params, backbone_weights="ResNet18_Weights.IMAGENET1K_V1"), num_classes=3, compute=FP32)
     text = str(err.value)
     assert text.startswith("model.backbone_weights: 'ResNet18_Weights.IMAGENET1K_V1': could not download "
                            "ResNet18_Weights.IMAGENET1K_V1 from https://download.pytorch.org/models/resnet18-")
@@ -243,15 +282,15 @@ def test_backbone_weights_file_content_is_in_the_resume_fingerprint(params, tmp_
 
 def test_one_process_trains_the_model_itself_and_sync_batchnorm_needs_a_gpu(params):
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
-    assert build.data_parallel(params, model, device=torch.device("cpu"), world_size=1) is model
+    assert build_train.data_parallel(params, model, device=torch.device("cpu"), world_size=1) is model
     synced = _with(params, "model", sync_batchnorm=True)
     with pytest.raises(ConfigError, match="model.sync_batchnorm: SyncBatchNorm runs on GPUs only; this run is on cpu"):
-        build.data_parallel(synced, model, device=torch.device("cpu"), world_size=2)
+        build_train.data_parallel(synced, model, device=torch.device("cpu"), world_size=2)
 
 
 def test_the_gradient_scaler_is_on_for_fp16_only(params):
     for precision, enabled in (("fp16", True), ("bf16", False), ("fp32", False)):
-        assert build.grad_scaler(Compute(precision, False, "chosen by the test"), CPU).is_enabled() == enabled
+        assert build_train.grad_scaler(Compute(precision, False, "chosen by the test"), CPU).is_enabled() == enabled
 
 
 def test_loop_settings_are_the_train_sections_keyword_arguments_of_the_loop(params):
@@ -259,11 +298,11 @@ def test_loop_settings_are_the_train_sections_keyword_arguments_of_the_loop(para
 
     from pipelines.engine import train
 
-    settings = build.loop_settings(params)
+    settings = build_train.loop_settings(params)
     assert set(settings) <= set(inspect.signature(train).parameters)
     assert settings == {"checkpoint_period": params.train.checkpoint_period,
                         "clip_grad_norm": params.train.clip_grad_norm}
-    report = build.reporter(params, start_iter=3, device=torch.device("cpu"))
+    report = build_train.reporter(params, start_iter=3, device=torch.device("cpu"))
     assert (report.max_iter, report.ims_per_batch, report.log_period) == (
         params.train.max_iter, params.train.ims_per_batch, params.train.log_period)
 
@@ -271,6 +310,6 @@ def test_loop_settings_are_the_train_sections_keyword_arguments_of_the_loop(para
 def test_the_resolved_precision_and_layout_enter_the_resume_fingerprint(params):
     """A checkpoint trained in another precision is set aside as a changed model is, never resumed."""
     bf16, fp32 = Compute("bf16", True, "test"), Compute("fp32", True, "test")
-    assert build.fingerprint(params, bf16, data="d") == build.fingerprint(params, Compute("bf16", True, "other"), data="d")
-    assert build.fingerprint(params, bf16, data="d") != build.fingerprint(params, fp32, data="d")
-    assert build.fingerprint(params, fp32, data="d") != build.fingerprint(params, Compute("fp32", False, "t"), data="d")
+    assert build_model.fingerprint(params, bf16, data="d") == build_model.fingerprint(params, Compute("bf16", True, "other"), data="d")
+    assert build_model.fingerprint(params, bf16, data="d") != build_model.fingerprint(params, fp32, data="d")
+    assert build_model.fingerprint(params, fp32, data="d") != build_model.fingerprint(params, Compute("fp32", False, "t"), data="d")

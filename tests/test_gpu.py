@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from pipelines import build, distributed
+from pipelines import distributed
+from pipelines.build import model as build_model
+from pipelines.build import train as build_train
 from pipelines.config.load import load_params
 from pipelines.data.collate import Batch
 from pipelines.engine import train_step
@@ -33,12 +35,12 @@ def test_training_steps_on_the_gpu_in_each_precision(precision):
     p = load_params(REPO / "params.yaml")
     p.model.precision = precision
     torch.manual_seed(0)
-    compute = build.compute(p, device)
+    compute = build_model.compute(p, device)
     assert compute.precision == precision
-    model = build.detector(p, num_classes=5, compute=compute).to(device)
-    optimizer = build.optimizer(p, model)
-    scheduler = build.scheduler(p, optimizer)
-    scaler = build.grad_scaler(compute, device)
+    model = build_model.detector(p, num_classes=5, compute=compute).to(device)
+    optimizer = build_train.optimizer(p, model)
+    scheduler = build_train.scheduler(p, optimizer)
+    scaler = build_train.grad_scaler(compute, device)
     assert scaler.is_enabled() == (precision == "fp16")
     before = [x.detach().clone() for x in model.parameters()]
     for _ in range(3):
@@ -54,8 +56,8 @@ def _sync_batchnorm_worker(rank: int, init_file: str, results) -> None:
     p = load_params(REPO / "params.yaml")
     p.model.sync_batchnorm = True
     device = torch.device("cuda", rank)
-    model = build.data_parallel(p, torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).to(device),
-                                device=device, world_size=2)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).to(device)
+    model = build_train.data_parallel(p, model, device=device, world_size=2)
     x = torch.full((2, 3, 8, 8), float(rank + 1), device=device)  # each process sees other data
     model(x)
     results[rank] = model.module[1].running_mean.cpu()
@@ -92,12 +94,12 @@ def _loop_worker(rank: int, init_file: str, results) -> None:
     torch.distributed.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=2)
     device = torch.device("cuda", rank)
     p = load_params(REPO / "params.yaml")
-    compute = build.compute(p, device)
+    compute = build_model.compute(p, device)
     torch.manual_seed(0)
-    model = build.data_parallel(p, build.detector(p, num_classes=5, compute=compute).to(device), device=device,
-                                world_size=2)
-    optimizer = build.optimizer(p, model)
-    scheduler = build.scheduler(p, optimizer)
+    model = build_train.data_parallel(p, build_model.detector(p, num_classes=5, compute=compute).to(device),
+                                      device=device, world_size=2)
+    optimizer = build_train.optimizer(p, model)
+    scheduler = build_train.scheduler(p, optimizer)
     stop = StopRequest()
 
     class Loader:
@@ -108,8 +110,9 @@ def _loop_worker(rank: int, init_file: str, results) -> None:
                 yield _batch(device)
 
     try:
-        train(model, Loader(), optimizer, scheduler, device=device, max_iter=5, scaler=build.grad_scaler(compute, device),
-              stop=stop, report=Reporter(max_iter=5, ims_per_batch=4, log_period=1, device=device))
+        train(model, Loader(), optimizer, scheduler, device=device, max_iter=5,
+              scaler=build_train.grad_scaler(compute, device), stop=stop,
+              report=Reporter(max_iter=5, ims_per_batch=4, log_period=1, device=device))
         results[rank] = "finished"
     except Stopped as err:
         results[rank] = str(err)

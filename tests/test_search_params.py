@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from pipelines import build
+from pipelines.build import data as build_data
 from pipelines.compose import compose_params
 from pipelines.config.load import params_from_dict, read_policy_file
 from pipelines.data.annotation_cache import AnnotationCache, build_cache
@@ -85,7 +85,7 @@ def test_a_search_result_gives_the_training_its_genes_and_its_bounds(raw, tmp_pa
     genes = list(PUBLISHED_POLICY[::-1])
     p = read_policy_file(_searched(raw, tmp_path, {"policy": genes, "n_subpolicies": 5, "scale_splits": [210, 1049, 5243]}))
     assert p.augment.policy == genes and p.augment.scale_splits == [210, 1049, 5243]
-    assert build.policy(p) is not None
+    assert build_data.policy(p) is not None
     older = read_policy_file(_searched(raw, tmp_path, {"policy": genes, "n_subpolicies": 5}))  # written before the bounds
     assert older.augment.scale_splits == [2048, 10240, 51200]
 
@@ -115,10 +115,10 @@ def test_the_trivial_policy_draws_one_op_and_one_level_uniformly():
 
 def test_the_trivial_preset_is_the_flip_then_one_op_without_ramp_or_zoom(raw):
     p = _params(raw, augment=yaml.safe_load(compose_params(REPO, ["augment=trivial"]))["augment"])
-    flip, trivial = build.augmentation(p).transforms
+    flip, trivial = build_data.augmentation(p).transforms
     assert isinstance(flip, RandomHorizontalFlip) and isinstance(trivial, ScaleAwareAutoAugment)
     assert trivial.policy == trivial_policy() and trivial.ramp(0) == 1.0  # full strength from the first iteration
-    assert build.policy(p) is None  # not a searched policy: nothing to log as one
+    assert build_data.policy(p) is None  # not a searched policy: nothing to log as one
     # with its one (medium) box always selected, almost every draw changes the pixels or the box
     image = torch.from_numpy(np.random.default_rng(0).integers(0, 255, (3, 64, 64), dtype=np.uint8))
     target = {"boxes": torch.tensor([[8.0, 8.0, 56.0, 56.0]]), "labels": torch.tensor([1])}
@@ -133,4 +133,4 @@ def test_the_trivial_preset_is_the_flip_then_one_op_without_ramp_or_zoom(raw):
                                           r"augment.name=trivial\)"):
         _params(raw, augment={"name": "trivial", "hflip_prob": 0.5, "policy_file": "pipelines/policy.py",
                               "scale_splits": [2048, 10240, 51200]})
-    assert isinstance(build.augmentation(p), Compose)
+    assert isinstance(build_data.augmentation(p), Compose)

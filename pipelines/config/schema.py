@@ -203,7 +203,7 @@ class Params:
 BACKBONES = tuple(backbones.BACKBONES)  # pipelines.model.BACKBONES
 NORMS = ("batchnorm", "groupnorm", "frozen_batchnorm")  # pipelines.model.NORM_LAYERS
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")  # pipelines.hardware.PRECISIONS
-AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial")  # pipelines.build.AUGMENTATIONS
+AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial")  # pipelines.build.data.AUGMENTATIONS
 OPTIMIZERS = ("sgd", "adamw")  # pipelines.solver.OPTIMIZERS
 LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
 EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS

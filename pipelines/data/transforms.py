@@ -107,7 +107,7 @@ class RandomHorizontalFlip:
 def build_transforms(*, min_sizes: Sequence[int], max_size: int, augment: Callable | None = None) -> Compose:
     """Resize by the shorter side (one of ``min_sizes``, longer side at most ``max_size``), then
     ``augment`` if given: the training augmentation, a transform like those here (see
-    :func:`pipelines.build.augmentation` for the presets)."""
+    :func:`pipelines.build.data.augmentation` for the presets)."""
     return Compose([ResizeShorterSide(min_sizes, max_size), *([augment] if augment is not None else [])])
 
 

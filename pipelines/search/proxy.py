@@ -17,13 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import build
+from ..build import data as build_data
+from ..build import model as build_model
+from ..build import train as build_train
 from ..config.schema import Params
 from ..data.annotation_cache import AnnotationCache
-from ..data.autoaug.augment import ScaleAwareAutoAugment
 from ..data.dataset import DetectionDataset
-from ..data.loader import make_train_loader
-from ..data.transforms import Compose, RandomHorizontalFlip, build_transforms
 from ..engine import train_step
 from ..evaluation import coco_evaluate, predict
 from ..policy import decode_policy
@@ -86,24 +85,16 @@ def search_params(p: Params) -> Params:
 
 def fine_tune_params(p: Params) -> Params:
     """``p`` with the fine-tune's schedule: ``search.fine_tune_iters`` at the constant ``search.fine_tune_lr``."""
-    s = p.search
+    search = p.search
     return dataclasses.replace(p, train=dataclasses.replace(
-        p.train, max_iter=s.fine_tune_iters, stop_at=1.0, base_lr=s.fine_tune_lr, lr_schedule="multistep", steps=[],
-        warmup_iters=0))
-
-
-def augmentation(p: Params, genome: Genome) -> Compose:
-    """The flip, then Scale-aware AutoAugment with ``genome``'s policy at full strength (no ramp)."""
-    a = p.augment
-    return Compose([RandomHorizontalFlip(a.hflip_prob), ScaleAwareAutoAugment(
-        decode_policy(genome, a.n_subpolicies), scale_splits=a.scale_splits, box_prob=a.box_prob, max_iter=0,
-        filler_cache_mb=a.filler_cache_mb, filler_pool=a.filler_pool, filler_pool_iters=a.filler_pool_iters)])
+        p.train, max_iter=search.fine_tune_iters, stop_at=1.0, base_lr=search.fine_tune_lr, lr_schedule="multistep",
+        steps=[], warmup_iters=0))
 
 
 def _model(proxy: Proxy, split: str):
     cache = AnnotationCache(proxy.cache / split, verify=False)
-    model, _, _ = build.trained_detector(proxy.params, proxy.baseline, categories=cache.categories,
-                                         split=proxy.cache / split, device=proxy.device)
+    model, _, _ = build_model.trained_detector(proxy.params, proxy.baseline, categories=cache.categories,
+                                               split=proxy.cache / split, device=proxy.device)
     return model, cache
 
 
@@ -112,8 +103,8 @@ def heldout_aps(proxy: Proxy, model) -> dict[str, float]:
     process (a candidate's process starts no loader workers of its own)."""
     p = dataclasses.replace(proxy.params, loader=dataclasses.replace(proxy.params.loader, num_workers=0))
     cache = AnnotationCache(proxy.cache / "val", verify=False)
-    dataset = DetectionDataset(cache, transforms=build.test_transforms(p), seed=p.seed, skip_crowd=False)
-    loader = build.test_loader(p, dataset, rank=0, world_size=1)
+    dataset = DetectionDataset(cache, transforms=build_data.test_transforms(p), seed=p.seed, skip_crowd=False)
+    loader = build_data.test_loader(p, dataset, rank=0, world_size=1)
     detections = predict(model, loader, device=proxy.device, category_ids=cache.category_ids,
                          size_divisibility=p.loader.size_divisibility, progress=False)
     stats = coco_evaluate(proxy.heldout, detections, backend=p.evaluate.backend).stats
@@ -135,13 +126,11 @@ def fine_tune(proxy: Proxy, genome: Genome) -> dict:
     model, cache = _model(proxy, "train")
     model.train()
     model.head.measure_scales(p.augment.scale_splits)
-    dataset = DetectionDataset(cache, transforms=build_transforms(
-        min_sizes=p.model.min_size_train, max_size=p.model.max_size_train, augment=augmentation(p, genome)), seed=seed)
-    loader = make_train_loader(dataset, batch_size=p.train.ims_per_batch, max_iter=p.train.max_iter,
-                               aspect_grouping=p.loader.aspect_grouping, num_workers=0,
-                               size_divisibility=p.loader.size_divisibility, seed=seed)
-    optimizer = build.optimizer(p, model)
-    scheduler = build.scheduler(p, optimizer)
+    augmentation = build_data.augmentation(p, decode_policy(genome, p.augment.n_subpolicies), ramp=False)
+    dataset = DetectionDataset(cache, transforms=build_data.train_transforms(p, augmentation), seed=seed)
+    loader = build_train.fine_tune_loader(p, dataset, seed=seed)
+    optimizer = build_train.optimizer(p, model)
+    scheduler = build_train.scheduler(p, optimizer)
     for batch in loader:
         train_step(model, batch.to(proxy.device), optimizer, scheduler, p.train.clip_grad_norm)
     bins = [float(b) for b in model.head.take_scale_losses()]

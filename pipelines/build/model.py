@@ -1,0 +1,72 @@
+"""The model from params: how it computes, the detector (fresh or trained) and its resume fingerprint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import fingerprint as checkpoint_fingerprint
+from ..checkpoint import load as load_checkpoint
+from ..config.load import training_params
+from ..config.schema import Params
+from ..errors import CheckpointError, ConfigError, first_line
+from ..hardware import Compute, resolve
+from ..model import Detector, build_detector
+
+
+def compute(p: Params, device: torch.device) -> Compute:
+    """How the model computes on ``device``: ``model.precision`` and ``model.channels_last`` with
+    ``auto`` resolved from the hardware (:func:`pipelines.hardware.resolve`)."""
+    return resolve(p.model.precision, p.model.channels_last, device)
+
+
+def detector(p: Params, *, num_classes: int, compute: Compute, pretrained: bool = True) -> Detector:
+    """The detector of ``p.model`` computing as ``compute`` says (seed torch's generator first): random
+    weights, then, with ``pretrained``, the ResNet's from ``model.backbone_weights`` (pass ``False`` when
+    a trained model's state dict will replace them anyway); ``model.trainable_layers`` sets which stages train.
+
+    Raises:
+        ConfigError: ``model.backbone_weights`` cannot be read, downloaded or loaded (one line).
+    """
+    model = p.model
+    try:
+        return build_detector(num_classes=num_classes, backbone=model.backbone, norm=model.norm,
+                              fpn_channels=model.fpn_channels,
+                              backbone_weights=model.backbone_weights if pretrained else None,
+                              trainable_layers=model.trainable_layers, head_convs=model.head_convs,
+                              precision=compute.precision, channels_last=compute.channels_last,
+                              score_thresh=model.score_thresh, nms_thresh=model.nms_thresh,
+                              detections_per_img=model.detections_per_img, topk_candidates=model.topk_candidates)
+    except ConfigError as err:
+        raise ConfigError(f"model.backbone_weights: {err}") from None
+
+
+def trained_detector(p: Params, model_file: Path, *, categories: list[dict], split: Path,
+                     device: torch.device) -> tuple[Detector, Compute, int]:
+    """The model in ``model_file`` (a train stage's ``model_final.pth``) as ``p.model`` builds it, on
+    ``device``, computing in the precision and layout it was trained with (stored with it; for a file that
+    does not say, as ``params.yaml`` resolves here); and the iteration it was trained to.
+
+    Raises:
+        CheckpointError: the file cannot be read, was trained on other ``categories`` than those of the
+            annotation cache ``split``, or does not match ``p.model``.
+    """
+    state = load_checkpoint(model_file)
+    if state.get("categories") != categories:
+        raise CheckpointError(f"{model_file}: trained on other categories than {split}")
+    how = (resolve(state["precision"], bool(state.get("channels_last")), device,
+                   source=f"as the model was trained (stored in {model_file})")
+           if "precision" in state else compute(p, device))
+    model = detector(p, num_classes=len(categories), compute=how, pretrained=False)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise CheckpointError(f"{model_file}: does not match params.yaml's model section ({first_line(err)})") from None
+    return model.to(device), how, int(state.get("iteration", 0))
+
+
+def fingerprint(p: Params, compute: Compute, *, data: str) -> str:
+    """The resume fingerprint of a training run (:func:`pipelines.checkpoint.fingerprint`): the params that
+    change the weights, the resolved precision and layout, ``data`` (the training data's hash) and the code."""
+    return checkpoint_fingerprint(params={**training_params(p), **compute.as_params()}, data=data)
