@@ -14,7 +14,7 @@ Grey is ``0.2989 R + 0.587 G + 0.114 B``; the original applies these RGB weights
 ours are RGB so the weights match the channels.
 
 torchvision's uint8 kernels (``autocontrast``, ``equalize``, ``adjust_*``) were not used: they work on
-the whole image (``adjust_sharpness`` alone costs about 11 ms on 600x800) and round intermediate
+the whole image (costly for a few boxes: ``adjust_sharpness`` filters every pixel) and round intermediate
 values (the grey mean, the smoothed image) or leave the border unsharpened, unlike the original.
 """
 
