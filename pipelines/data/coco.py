@@ -18,8 +18,8 @@ pixels read) and checked against the pixel limit and the JSON before anything de
 decompression bomb (a 100 KB PNG of 30000 x 30000 pixels) is refused before a pixel is decoded. The
 data loader checks the header against the annotation cache the same way, so no image bigger than the
 limit is ever decoded. Images are then decoded by :func:`pipelines.data.decode.decode_image`, the
-decoder training uses. The decoder module is imported inside :func:`validate_coco`: the cache stage
-imports this module only for :func:`read_annotations` and so never loads torch.
+decoder training uses. The decoder module is imported only when images are checked: the cache stage
+imports this module for :func:`read_annotations` alone and so never loads torch.
 """
 
 from __future__ import annotations
