@@ -21,8 +21,8 @@ from pipelines.policy import (
 # Genes decode as COLOR_OPS[g % len(COLOR_OPS)] and GEO_OPS[g % len(GEO_OPS)]: the lists' order and length
 # are part of every stored policy's meaning (PUBLISHED_POLICY, the search's policy files, runs' params).
 RE_MEANS = ("adding or reordering an op re-means every stored policy: op genes index COLOR_OPS and GEO_OPS modulo "
-            "their length, so PUBLISHED_POLICY and every searched policy would decode to other ops. Give a new op an "
-            "explicit place that keeps the old genes' meaning (and update this test and docs/augmentation.md) instead")
+            "their length, so PUBLISHED_POLICY and every searched policy would decode to other ops. A new op is a new "
+            "policy format: convert or re-search the stored policies, then update this test and docs/augmentation.md")
 
 
 def test_op_order_is_the_originals():
