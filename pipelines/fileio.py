@@ -1,4 +1,6 @@
-"""Small file helpers that never leave half-written output behind."""
+"""Small file helpers: writers that never leave half-written output behind, and the checks and
+settings around reading (:func:`file_problem` before opening a file, :func:`gc_paused` while a large
+JSON is parsed)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import gc
 import glob
 import hashlib
 import json
@@ -13,12 +16,13 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import OutputError
+from .errors import OutputError, first_line
 
 _UMASK = os.umask(0o022)  # reading the umask means setting it: put it straight back
 os.umask(_UMASK)
@@ -242,3 +246,42 @@ def remove_temporaries(*paths: str | Path) -> None:
         for tmp in path.parent.glob(f".{glob.escape(path.name)}.*"):
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 tmp.unlink()
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a readable regular file, found without opening it (opening a FIFO blocks for
+    ever; a device or a socket never ends or fails oddly); None if it is one."""
+    name = os.fspath(path)
+    try:
+        mode = os.stat(name).st_mode
+    except FileNotFoundError:
+        broken = f" (broken symlink to {os.readlink(name)})" if os.path.islink(name) else ""
+        return "image file not found" + broken
+    except (OSError, ValueError) as err:  # a symlink loop, permission, name too long, a NUL or undecodable character
+        text = getattr(err, "strerror", None) or first_line(err)
+        return f"cannot read the file ({text})"
+    if not stat.S_ISREG(mode):
+        kind = next((kind for test, kind in _FILE_KINDS if test(mode)), "a special file")
+        return f"not a regular file ({kind})"
+    return None
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector.
+
+    Parsing a COCO-scale JSON allocates millions of containers, and every collection walks all of
+    them: most of ``json.load``'s time (docs/benchmarks.md). Callers pause it only around work that
+    builds nothing cyclic (parsing JSON, converting it to arrays), so reference counting frees it all.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

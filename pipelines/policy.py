@@ -21,10 +21,14 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .errors import ConfigError
 
-# The order matters: op genes are taken modulo the length of these tuples.
+_Entry = TypeVar("_Entry")
+
+# The order matters: op genes are taken modulo the length of these tuples, so appending or reordering an
+# op re-means every stored policy (PUBLISHED_POLICY included); tests/test_policy.py pins both lists.
 COLOR_OPS = ("AutoContrast", "Equalize", "SolarizeAdd", "Color", "Contrast", "Brightness", "Sharpness")
 GEO_OPS = ("hflip", "rotate", "shearX", "shearY", "translateX", "translateY")
 
@@ -113,6 +117,16 @@ def trivial_policy() -> Policy:
     subpolicies += [SubPolicy(color=off_color, geometric=BoxOp(name, 1.0, level)) for name in GEO_OPS for level in levels]
     return Policy(zoom_out=ZoomOp(0.0, 0), zoom_in=ZoomOp(0.0, 0), subpolicies=tuple(subpolicies),
                   area_ratios=(1, 1, 1), prob_ratios=(1, 1, 1))
+
+
+def op_table(ops: tuple[str, ...], entries: dict[str, _Entry]) -> dict[str, _Entry]:
+    """``entries`` (op name -> its implementation) unchanged, once its names are checked to be ``ops``
+    (:data:`COLOR_OPS` or :data:`GEO_OPS`), in order. Each module that implements ops declares them through
+    this, so an op named here but not implemented there (or the reverse) is a bug raised when the module is
+    imported, not an op that silently does nothing."""
+    if tuple(entries) != ops:
+        raise AssertionError(f"op table {tuple(entries)} differs from pipelines.policy's {ops}")
+    return entries
 
 
 def policy_length(n_subpolicies: int) -> int:

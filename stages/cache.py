@@ -12,9 +12,8 @@ import logging
 
 from pipelines import cli
 from pipelines.data.annotation_cache import build_cache, stale_reason
-from pipelines.data.coco import file_problem
 from pipelines.errors import DatasetError
-from pipelines.fileio import file_sha256
+from pipelines.fileio import file_problem, file_sha256
 
 log = logging.getLogger("cache")
 

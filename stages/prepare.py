@@ -17,7 +17,6 @@ from pipelines import cli
 from pipelines.config.load import load_params
 from pipelines.config.schema import SyntheticDataset
 from pipelines.data.coco import validate_coco
-from pipelines.data.decode import decode_image
 from pipelines.data.synthetic import generate_split
 from pipelines.fileio import atomic_dir, write_json
 
@@ -46,8 +45,7 @@ def main(argv: list[str] | None = None) -> None:
                 image_dir = final_image_dir = Path(getattr(dataset, f"{split}_images"))
                 source = Path(getattr(dataset, f"{split}_annotations"))
             log.info("validating %s split: %s (images in %s)", split, source, final_image_dir)
-            cleaned, summary[split] = validate_coco(source, image_dir, decode=decode_image,
-                                                    require_boxes=split == "train",
+            cleaned, summary[split] = validate_coco(source, image_dir, require_boxes=split == "train",
                                                     max_image_pixels=dataset.max_image_pixels)
             if isinstance(dataset, SyntheticDataset):
                 source.unlink()

@@ -11,7 +11,6 @@ from pycocotools.coco import COCO
 from benchmarks.coco_scale import write_coco_scale
 from pipelines.data.annotation_cache import FORMAT_VERSION, AnnotationCache, build_cache, read_meta, stale_reason
 from pipelines.data.coco import validate_coco
-from pipelines.data.decode import decode_image
 from pipelines.errors import CacheError, DatasetError
 from pipelines.fileio import file_sha256
 
@@ -48,7 +47,7 @@ def _assert_matches_pycocotools(cache: AnnotationCache, json_path, *, drop_empty
 def coco_real_cleaned(coco_real, tmp_path_factory):
     """The real COCO sample as the prepare stage writes it: ``(cleaned JSON path, cleaned dict, images)``."""
     annotations, images = coco_real
-    cleaned, _ = validate_coco(annotations, images, decode=decode_image)
+    cleaned, _ = validate_coco(annotations, images)
     path = tmp_path_factory.mktemp("real") / "cleaned.json"
     path.write_text(json.dumps(cleaned))
     return path, cleaned, images

@@ -247,16 +247,24 @@ def test_sample_cache_is_an_lru_bounded_by_pixel_bytes():
 
     def fetch(index):
         calls.append(index)
-        return torch.zeros((3, 10, 10), dtype=torch.uint8), {"index": index}  # 300 bytes
+        side = 10 if index < 10 else 1  # 300 bytes; from index 10 on, 30 bytes
+        return torch.zeros((3, side, 10), dtype=torch.uint8), {"index": index}
 
     cache = SampleCache(max_bytes=700)
     assert cache.get(1, fetch) is cache.get(1, fetch)
     cache.get(2, fetch)
     cache.get(1, fetch)  # 1 is now the most recent
     cache.get(3, fetch)  # evicts 2
-    assert len(cache) == 2 and cache.nbytes == 600
-    cache.get(2, fetch)
+    assert len(cache) == 2
+    cache.get(2, fetch)  # evicts 1
     assert calls == [1, 2, 3, 2]
+    # 600 bytes held (3 and 2): three 30-byte samples fit beside them, a fourth evicts the oldest, 3.
+    for index in (10, 11, 12, 13):
+        cache.get(index, fetch)
+    cache.get(2, fetch)
+    assert len(cache) == 5 and calls == [1, 2, 3, 2, 10, 11, 12, 13]
+    cache.get(3, fetch)
+    assert calls[-1] == 3
     off = SampleCache(max_bytes=0)
     off.get(1, fetch), off.get(1, fetch)
     assert calls[-2:] == [1, 1] and len(off) == 0

@@ -11,14 +11,9 @@ from PIL import Image
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as torchvision_decode_image
 
-from pipelines.data import coco
+from pipelines.data.coco import validate_coco
 from pipelines.data.decode import decode_image
 from pipelines.errors import DatasetError, ImageError
-
-
-def validate_coco(annotations, images, **kwargs):
-    """The validator as the prepare stage calls it: with the training decoder."""
-    return coco.validate_coco(annotations, images, decode=decode_image, **kwargs)
 
 
 @pytest.fixture
@@ -59,7 +54,7 @@ def _error(write, images, coco) -> str:
 
 
 def test_validation_needs_no_torch():
-    """The cache stage imports this module for the JSON reader: the decoder is passed in, not imported."""
+    """The cache stage imports this module for the JSON reader: the decoder is imported only when validating."""
     code = "import sys, pipelines.data.coco; assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

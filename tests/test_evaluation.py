@@ -10,7 +10,6 @@ import yaml
 
 from pipelines.data.annotation_cache import AnnotationCache, build_cache
 from pipelines.data.coco import read_annotations, validate_coco
-from pipelines.data.decode import decode_image
 from pipelines.data.dataset import DetectionDataset
 from pipelines.config.load import params_from_dict
 from pipelines.config.schema import CHOICES
@@ -218,7 +217,7 @@ class _Oracle(torch.nn.Module):
 def test_predict_maps_boxes_and_labels_back_to_the_json(coco_real, tmp_path):
     """Resized boxes and contiguous labels must come back as original coordinates and category ids."""
     annotations, images = coco_real
-    cleaned, _ = validate_coco(annotations, images, decode=decode_image)
+    cleaned, _ = validate_coco(annotations, images)
     (tmp_path / "val.json").write_text(json.dumps(cleaned))
     build_cache(cleaned, tmp_path / "cache", image_root=str(images), source_sha256="x", drop_empty=False)
     dataset = DetectionDataset(AnnotationCache(tmp_path / "cache"), skip_crowd=True,

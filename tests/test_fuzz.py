@@ -18,7 +18,6 @@ from hypothesis.extra.numpy import array_shapes, arrays
 from PIL import Image
 
 from pipelines.data.coco import validate_coco
-from pipelines.data.decode import decode_image
 from pipelines.errors import PipelineError
 from pipelines.policy import decode_policy, policy_length
 
@@ -105,7 +104,7 @@ def folder(tmp_path_factory):
 
 def _check(path, image_dir, require_boxes: bool) -> None:
     try:
-        cleaned, summary = validate_coco(path, image_dir, decode=decode_image, require_boxes=require_boxes)
+        cleaned, summary = validate_coco(path, image_dir, require_boxes=require_boxes)
     except PipelineError as err:
         text = str(err)
         assert text and "\n" not in text and "\r" not in text, text
@@ -142,7 +141,7 @@ def test_the_fuzzer_reaches_valid_documents(folder):
                 "annotations": [{"id": 1, "image_id": 1, "category_id": 2, "bbox": [1, 1, 4, 3]}],
                 "categories": [{"id": 2, "name": "x"}]}
     path.write_text(json.dumps(document))
-    cleaned, summary = validate_coco(path, image_dir, decode=decode_image, require_boxes=True)
+    cleaned, summary = validate_coco(path, image_dir, require_boxes=True)
     assert summary["annotations"] == 1 and cleaned["annotations"][0]["bbox"] == [1.0, 1.0, 4.0, 3.0]
 
 

@@ -13,14 +13,40 @@ from pipelines.policy import (
     SubPolicy,
     ZoomOp,
     decode_policy,
+    op_table,
     policy_length,
 )
 
 
+# Genes decode as COLOR_OPS[g % len(COLOR_OPS)] and GEO_OPS[g % len(GEO_OPS)]: the lists' order and length
+# are part of every stored policy's meaning (PUBLISHED_POLICY, the search's policy files, runs' params).
+RE_MEANS = ("adding or reordering an op re-means every stored policy: op genes index COLOR_OPS and GEO_OPS modulo "
+            "their length, so PUBLISHED_POLICY and every searched policy would decode to other ops. A new op is a new "
+            "policy format: convert or re-search the stored policies, then update this test and docs/augmentation.md")
+
+
 def test_op_order_is_the_originals():
-    # Genes index these tuples modulo their length: the order is part of the policy's meaning.
-    assert COLOR_OPS == ("AutoContrast", "Equalize", "SolarizeAdd", "Color", "Contrast", "Brightness", "Sharpness")
-    assert GEO_OPS == ("hflip", "rotate", "shearX", "shearY", "translateX", "translateY")
+    assert COLOR_OPS == ("AutoContrast", "Equalize", "SolarizeAdd", "Color", "Contrast", "Brightness",
+                         "Sharpness"), RE_MEANS
+    assert GEO_OPS == ("hflip", "rotate", "shearX", "shearY", "translateX", "translateY"), RE_MEANS
+
+
+def test_published_policy_keeps_its_ops():
+    """The published policy's op genes, read through the op lists, name the paper's ops: a change to the lists
+    that moves any of them fails here."""
+    policy = decode_policy(PUBLISHED_POLICY)
+    ops = [(sub.color.name, sub.geometric.name) for sub in policy.subpolicies]
+    assert ops == [("Color", "translateX"), ("Brightness", "rotate"), ("Sharpness", "shearX"),
+                   ("SolarizeAdd", "hflip"), ("Color", "translateY")], RE_MEANS
+
+
+def test_an_op_table_must_name_the_policys_ops_in_order():
+    """The modules that implement ops (autoaug/color.py, autoaug/geometric.py) declare them through op_table."""
+    table = {name: None for name in GEO_OPS}
+    assert op_table(GEO_OPS, table) is table
+    for wrong in ({**table, "scale": None}, dict(reversed(table.items())), dict(list(table.items())[1:])):
+        with pytest.raises(AssertionError, match="differs from pipelines.policy's"):
+            op_table(GEO_OPS, wrong)
 
 
 def test_published_policy_decodes_to_the_papers_policy():

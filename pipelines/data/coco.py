@@ -13,77 +13,50 @@ naming the file and the offending id. Box problems are repaired or dropped and c
 slightly outside the image are clipped, degenerate boxes and boxes mostly outside the image are
 rejected.
 
-Each image's size is read from its header (PIL reads no pixels) and checked against the pixel limit
-and the JSON before anything decodes it: a decompression bomb (a 100 KB PNG of 30000 x 30000
-pixels) is refused in microseconds. The data loader checks the header against the annotation cache
-the same way (:func:`pipelines.data.decode.decode_image`), so no image bigger than the limit is ever
-decoded. Images are then decoded by the decoder the caller passes (the prepare stage passes
-:func:`pipelines.data.decode.decode_image`, the one training uses), so this module, which the cache
-stage imports for :func:`read_annotations`, needs neither torch nor torchvision.
+Each image's size is read from its header (:func:`pipelines.data.decode.read_image_header`, no
+pixels read) and checked against the pixel limit and the JSON before anything decodes it: a
+decompression bomb (a 100 KB PNG of 30000 x 30000 pixels) is refused before a pixel is decoded. The
+data loader checks the header against the annotation cache the same way, so no image bigger than the
+limit is ever decoded. Images are then decoded by :func:`pipelines.data.decode.decode_image`, the
+decoder training uses. The decoder module is imported only when images are checked: the cache stage
+imports this module for :func:`read_annotations` alone and so never loads torch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import math
 import os
-import stat
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import orjson
-from PIL import Image
 from tqdm import tqdm
 
-from ..errors import DatasetError, ImageError, first_line
+from ..config.schema import INT64_MAX, INT64_MIN
+from ..errors import DatasetError, ImageError
+from ..fileio import file_problem, gc_paused
 
 # COCO's area ranges for the small / medium / large buckets.
 SMALL_AREA = 32**2
 LARGE_AREA = 96**2
 MIN_INSIDE_FRACTION = 0.5  # a box with less of its area inside the image is rejected
 # torchvision's decoders release the GIL, so threads decode in parallel: one per core, plus two to keep
-# the cores busy while other threads wait for file reads (see _check_image_files for the measurements).
+# the cores busy while other threads wait for file reads.
 DECODE_THREADS = min(32, len(os.sched_getaffinity(0)) + 2) if hasattr(os, "sched_getaffinity") else 4
 # Images above this many pixels are decoded one at a time: the threads' peak memory is then about
 # DECODE_THREADS x 48 MB plus one image at the limit (768 MB at 2**28), not DECODE_THREADS of those.
 ONE_AT_A_TIME_PIXELS = 2**24
 # dataset.max_image_pixels in conf/dataset/*.yaml; the default of a caller that passes none.
 MAX_IMAGE_PIXELS = 2**28  # 256 megapixels, 16384 x 16384
-# What crosses into numpy: the annotation cache stores image and category ids as int64 and sizes as
-# int32; COCO evaluation (pycocotools, faster-coco-eval) keeps annotation ids in arrays where 0 means
-# "unmatched" (an annotation with id 0 silently scores as missed) and faster-coco-eval's are int64.
-INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
-# PIL's own bomb check (a warning above 89 megapixels, an error above 179) would fire at open, in its
-# words, before the limit above: the header checks below are the limit, and nothing here decodes.
-Image.MAX_IMAGE_PIXELS = None
-# The formats the decoder reads (torchvision: JPEG, PNG, WebP, GIF); PIL parses only their headers here.
-_HEADER_FORMATS = ("JPEG", "PNG", "WEBP", "GIF")
-_ORIENTATION_TAG = 0x0112
-_ROTATED = {5: "transposed", 6: "turned 90 degrees clockwise", 7: "transversed", 8: "turned 90 degrees counter-clockwise"}
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector.
-
-    Parsing a COCO-scale JSON allocates millions of containers, and every collection walks all of
-    them: about 70% of ``json.load``'s time (see the field notes). Nothing built here is cyclic, so
-    reference counting frees it all.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+# What crosses into numpy: the annotation cache stores image and category ids as int64 (the bounds
+# config uses for every integer param) and sizes as int32; COCO evaluation (pycocotools,
+# faster-coco-eval) keeps annotation ids in arrays where 0 means "unmatched" (an annotation with id 0
+# silently scores as missed) and faster-coco-eval's are int64.
+INT32_MAX = 2**31 - 1
 
 
 def read_annotations(path: str | Path) -> tuple[dict, str]:
@@ -115,28 +88,6 @@ def read_annotations(path: str | Path) -> tuple[dict, str]:
     return coco, sha256
 
 
-def file_problem(path: str | os.PathLike) -> str | None:
-    """Why ``path`` is not a readable regular file, found without opening it (opening a FIFO blocks for
-    ever; a device or a socket never ends or fails oddly); None if it is one."""
-    name = os.fspath(path)
-    try:
-        mode = os.stat(name).st_mode
-    except FileNotFoundError:
-        broken = f" (broken symlink to {os.readlink(name)})" if os.path.islink(name) else ""
-        return "image file not found" + broken
-    except (OSError, ValueError) as err:  # a symlink loop, permission, name too long, a NUL or undecodable character
-        text = getattr(err, "strerror", None) or first_line(err)
-        return f"cannot read the file ({text})"
-    if not stat.S_ISREG(mode):
-        kind = next((kind for test, kind in _FILE_KINDS if test(mode)), "a special file")
-        return f"not a regular file ({kind})"
-    return None
-
-
-_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
 def _not_a_number(data: bytes, pos: int | None) -> str:
     """A hint when JSON parsing stopped at ``NaN`` or ``Infinity`` (which Python's json.dump writes)."""
     if pos is not None and data[pos:pos + 9].lstrip(b"-").startswith((b"NaN", b"Infinity")):
@@ -144,87 +95,17 @@ def _not_a_number(data: bytes, pos: int | None) -> str:
     return ""
 
 
-@dataclass(frozen=True)
-class ImageHeader:
-    """What an image file's header says: ``width`` x ``height`` pixels, ``frames`` (an animated GIF's
-    decoder decodes them all)."""
-
-    width: int
-    height: int
-    frames: int = 1
-
-    @property
-    def pixels(self) -> int:
-        return self.width * self.height * self.frames
-
-    def describe(self) -> str:
-        """``30000x30000 pixels (900.0 megapixels)``, ``32x24 pixels x 3 frames``."""
-        text = f"{self.width}x{self.height} pixels" + (f" x {self.frames} frames" if self.frames > 1 else "")
-        return text + (f" ({self.pixels / 1e6:.1f} megapixels)" if self.pixels >= 10**5 else "")
-
-
-def read_image_header(file: str | Path) -> ImageHeader | None:
-    """The image's size from its header, without decoding its pixels (PIL reads only the header; a
-    GIF's frames are counted by skipping through them). None if the file is not one of the formats the
-    decoder reads or its header is broken: the decoder then says what is wrong."""
-    try:
-        with Image.open(file, formats=_HEADER_FORMATS) as image:
-            frames = getattr(image, "n_frames", 1) if image.format == "GIF" else 1
-            return ImageHeader(image.width, image.height, frames)
-    except Exception:  # PIL raises many kinds for a broken header; the decoder's message is the one to give
-        return None
-
-
-def exif_orientation(file: str | Path) -> int:
-    """The EXIF orientation (1-8) the file's header carries, 1 if none; nothing is decoded."""
-    try:
-        with Image.open(file, formats=_HEADER_FORMATS) as image:
-            exif = image.info.get("exif")  # read with the header for JPEG, PNG (eXIf before the pixels), WebP
-            if not exif:
-                return 1
-            tags = Image.Exif()
-            tags.load(exif)
-            value = tags.get(_ORIENTATION_TAG, 1)
-            return value if isinstance(value, int) and 1 <= value <= 8 else 1
-    except Exception:
-        return 1
-
-
-def too_many_pixels(header: ImageHeader, max_image_pixels: int) -> str | None:
-    """Why an image of ``header`` may not be decoded under ``max_image_pixels``; None if it may."""
-    if header.pixels <= max_image_pixels:
-        return None
-    return (f"{header.describe()} is more than dataset.max_image_pixels ({max_image_pixels}); raise that param "
-            "to read this image")
-
-
-def size_mismatch(header: ImageHeader, file: str | Path, width: int, height: int, source: str) -> str | None:
-    """Why an image of ``header`` is not the ``width`` x ``height`` that ``source`` says; None if it is.
-    Names the EXIF orientation when that explains the swap."""
-    if (header.width, header.height) == (width, height):
-        return None
-    text = f"file is {header.width}x{header.height} but {source} says {width}x{height}"
-    if (header.width, header.height) == (height, width):
-        orientation = exif_orientation(file)
-        if orientation in _ROTATED:
-            text += (f", its size as shown with EXIF orientation {orientation} ({_ROTATED[orientation]}); images are "
-                     "read as stored, without EXIF rotation: store the pixels rotated (e.g. exiftran -ai) or give the "
-                     "stored size")
-    return text
-
-
-def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, decode: Callable[[Path], Any],
-                  require_boxes: bool = False, max_image_pixels: int = MAX_IMAGE_PIXELS) -> tuple[dict, dict]:
+def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, require_boxes: bool = False,
+                  max_image_pixels: int = MAX_IMAGE_PIXELS) -> tuple[dict, dict]:
     """Validate a COCO annotation file against its image folder.
 
-    Every image is decoded in full (in parallel threads) to check that the file exists inside the
-    image folder (symlinks included), decodes, and has the size the JSON states.
+    Every image is decoded in full (in parallel threads, by :func:`pipelines.data.decode.decode_image`,
+    the decoder training uses) to check that the file exists inside the image folder (symlinks
+    included), decodes, and has the size the JSON states.
 
     Args:
         annotations_path: the COCO JSON.
         image_dir: the folder that ``file_name`` entries are relative to.
-        decode: the image decoder, ``path -> pixels [..., H, W]``, raising :class:`ImageError`
-            (the prepare stage passes :func:`pipelines.data.decode.decode_image`).
         require_boxes: the split is for training: at least one box must remain that is not a crowd
             region.
         max_image_pixels: the most pixels an image may have (``dataset.max_image_pixels``), checked
@@ -257,7 +138,7 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, decode
     category_ids = {c["id"] for c in categories}
     for im in images:
         _check_file_name(path, im)
-    _check_image_files(path, Path(image_dir), images, decode, max_image_pixels)
+    _check_image_files(path, Path(image_dir), images, max_image_pixels)
 
     counts: Counter[str] = Counter()
     kept = []
@@ -436,15 +317,16 @@ def _check_file_name(path: Path, image: dict) -> None:
         )
 
 
-def _check_image_files(path: Path, image_dir: Path, images: list[dict], decode: Callable[[Path], Any],
-                       max_image_pixels: int) -> None:
+def _check_image_files(path: Path, image_dir: Path, images: list[dict], max_image_pixels: int) -> None:
     """Check every image's header, then decode it, in threads; raise on the first problem in the JSON's order.
 
-    torchvision's decoders release the GIL while they decode: on 2 idle cores, a pure-Python thread
-    runs at full speed while another thread decodes, and decoding the 512 synthetic 256-416 px JPEGs
-    takes 0.61 ms per image in one thread and 0.34 ms in two or four (1.8x); this whole check takes
-    0.70 ms per image in one thread and 0.42 ms in two or four.
+    torchvision's decoders release the GIL while they decode, so a pure-Python thread runs at full
+    speed while another thread decodes: the threads check and decode in parallel.
     """
+    # Imported here, not at the top: the cache stage imports this module for read_annotations alone
+    # and never needs torch.
+    from .decode import decode_image, read_image_header, size_mismatch, too_many_pixels
+
     if not image_dir.is_dir():
         raise DatasetError(f"{image_dir}: image folder not found (for {path})")
     root = Path(os.path.realpath(image_dir))
@@ -465,7 +347,7 @@ def _check_image_files(path: Path, image_dir: Path, images: list[dict], decode: 
                 return file, text
         try:
             with large if header is None or header.pixels > ONE_AT_A_TIME_PIXELS else contextlib.nullcontext():
-                height, width = decode(file).shape[-2:]
+                height, width = decode_image(file).shape[-2:]
         except ImageError as err:
             return file, err.reason or str(err)
         if (width, height) != (image["width"], image["height"]):

@@ -25,10 +25,6 @@ class SampleCache:
         self.hits = 0
         self.misses = 0
 
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
     def __len__(self) -> int:
         return len(self._entries)
 

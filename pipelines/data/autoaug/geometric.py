@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ._boxes import clip_visible
 from ._pixels import MEAN_PIXEL
 from .blend import Rect, blend_patch, paste_weights
-from ...policy import GEO_OPS
+from ...policy import GEO_OPS, op_table
 
 MAX_LEVEL = 10.0
 ROTATE_MAX_DEGREES = 30.0
@@ -37,15 +37,20 @@ TRANSLATE_MAX_PIXELS = 120.0
 _FILL = torch.tensor(MEAN_PIXEL, dtype=torch.float32).view(3, 1, 1)
 
 
+# Each op's magnitude at level MAX_LEVEL: degrees (rotate, shear), pixels (translate), none (hflip).
+_MAX_MAGNITUDE = op_table(GEO_OPS, {
+    "hflip": 0.0,
+    "rotate": ROTATE_MAX_DEGREES,
+    "shearX": SHEAR_MAX_DEGREES,
+    "shearY": SHEAR_MAX_DEGREES,
+    "translateX": TRANSLATE_MAX_PIXELS,
+    "translateY": TRANSLATE_MAX_PIXELS,
+})
+
+
 def magnitude(name: str, level: int) -> float:
     """Degrees (rotate, shear), pixels (translate) or 0 (hflip) of op ``name`` at ``level``, before the sign."""
-    if name == "rotate":
-        return level / MAX_LEVEL * ROTATE_MAX_DEGREES
-    if name in ("shearX", "shearY"):
-        return level / MAX_LEVEL * SHEAR_MAX_DEGREES
-    if name in ("translateX", "translateY"):
-        return level / MAX_LEVEL * TRANSLATE_MAX_PIXELS
-    return 0.0
+    return level / MAX_LEVEL * _MAX_MAGNITUDE[name]
 
 
 def box_rect(box: torch.Tensor | list[float], *, height: int, width: int) -> Rect | None:
