@@ -214,7 +214,6 @@ BAD_YAML = [
 
 @pytest.mark.parametrize("text, expected", BAD_YAML)
 def test_bad_yaml_stops_in_one_line_with_line_and_column(tmp_path, capsys, text, expected):
-    import time
 
     path = tmp_path / "params.yaml"
     path.write_text(text)
@@ -225,7 +224,6 @@ def test_bad_yaml_stops_in_one_line_with_line_and_column(tmp_path, capsys, text,
 
 
 def test_an_alias_bomb_in_conf_stops_compose_before_hydra_expands_it(tmp_path):
-    import shutil
 
     from pipelines.compose import compose_params
     from pipelines.errors import ConfigError
