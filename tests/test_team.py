@@ -167,8 +167,8 @@ def test_runs_go_to_postgresql_and_artifacts_through_the_server_into_the_bucket(
 
     from pipelines.tracking import store
 
-    # Not a test of the bounds: with --auth every call checks the password (scrypt), 1 to 7 s a call when
-    # two other processes hold the 2 cores (measured), and the run's creation (three calls) must not go offline.
+    # Not a test of the bounds: with --auth every call checks the password (scrypt), which is slow when other
+    # processes hold the cores, and the run's creation (three calls) must not go offline.
     monkeypatch.setattr(store, "CALL_TIMEOUT", 60.0)
     tracker = Tracker.start(experiment="team", params={"train.base_lr": 0.001})
     model = tmp_path / "model_final.pth"
