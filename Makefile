@@ -42,7 +42,7 @@ search: install
 # prints the MLFLOW_TRACKING_URI to use; Ctrl-C stops both. PORT=5000 ARGS="--auth" and so on.
 PORT ?= 5000
 tracking-server: install
-	python -m pipelines.tracking.server --port $(PORT) $(ARGS)
+	python -m pipelines.team.mlflow_server --port $(PORT) $(ARGS)
 
 # After editing pyproject.toml: newest releases that satisfy it (Linux x86_64, Python 3.11).
 lock: install

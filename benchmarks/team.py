@@ -3,7 +3,7 @@
 - **Stages.** The train and evaluate stages of a small configuration (``--overrides``, by default the
   ``ci`` profile), run as ``dvc repro`` runs them (``benchmarks.policies.train_and_evaluate``) on data
   prepared once, alternately against a SQLite store (the baseline) and against a tracking
-  server on PostgreSQL with proxied artifacts (``python -m pipelines.tracking.server``, started here in a
+  server on PostgreSQL with proxied artifacts (``python -m pipelines.team.mlflow_server``, started here in a
   temporary folder, or ``--server URL``); ``--repeats`` pairs, medians of each stage's wall time.
 - **Checkpoint upload.** A file of ``--megabytes`` (a checkpoint's size) logged as an artifact of a run,
   as the tracker logs checkpoints and models: into the SQLite store's local artifact folder (the
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _server(folder: Path) -> str:
     """Start a tracking server (PostgreSQL, proxied artifacts) in ``folder``; its URL."""
     folder.parent.chmod(0o755)  # PostgreSQL runs as `postgres` when this runs as root
-    started = subprocess.run([sys.executable, "-m", "pipelines.tracking.server", "--folder", str(folder), "--port",
+    started = subprocess.run([sys.executable, "-m", "pipelines.team.mlflow_server", "--folder", str(folder), "--port",
                               str(free_port()), "--detach"], capture_output=True, text=True)
     if started.returncode:
         raise SystemExit(f"error: the tracking server did not start: {started.stderr.strip().splitlines()[-1]}")
@@ -93,9 +93,9 @@ def measure(*, overrides: str, repeats: int, megabytes: int, server: str | None,
                 upload[name].append(round(_upload_s(uri, checkpoint, artifacts), 2))
     finally:
         if not server:
-            from pipelines.tracking import server as tracking_server
+            from pipelines.team import mlflow_server
 
-            tracking_server.stop(root / "server")
+            mlflow_server.stop(root / "server")
     import torch
 
     from pipelines.hardware import resolve

@@ -1,6 +1,6 @@
 """Team mode on localhost, as a team would run it, with each server started once for the whole module:
-a real S3 server (SeaweedFS, ``python -m pipelines.s3server``) holding the DVC remote and the tracking
-server's artifacts, and the shared tracking server (``python -m pipelines.tracking.server``: a private
+a real S3 server (SeaweedFS, ``python -m pipelines.team.s3_server``) holding the DVC remote and the tracking
+server's artifacts, and the shared tracking server (``python -m pipelines.team.mlflow_server``: a private
 PostgreSQL cluster on a schema an older MLflow left, ``mlflow server --auth`` with proxied artifacts).
 
 In order: the server itself (upgrade, artifacts through the server into the bucket, secrets, refusals); the
@@ -23,9 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import s3server
 from pipelines.lifetime import end_group, free_port
-from pipelines.tracking import server as tracking_server
+from pipelines.team import mlflow_server, s3_server
 from pipelines.tracking.tracker import Tracker
 
 from .conftest import REPO
@@ -35,8 +34,8 @@ from .test_sweep import wait_for_queue
 pytestmark = pytest.mark.slow
 
 try:
-    tracking_server.pg_command("initdb")
-except tracking_server.ServerError:
+    mlflow_server.pg_command("initdb")
+except mlflow_server.ServerError:
     pytest.skip("PostgreSQL is not installed (apt-get install postgresql)", allow_module_level=True)
 
 CI = ["-S", "profile=ci", "-S", "train.nproc=1"]
@@ -57,7 +56,7 @@ def _run(cwd, *command, ok=True, timeout=600, env=None):
 
 
 def _server(*args, timeout=180, env=None):
-    return subprocess.run([sys.executable, "-m", "pipelines.tracking.server", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pipelines.team.mlflow_server", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env=env)
 
 
@@ -79,14 +78,14 @@ def _password(line: str) -> str:
 def s3(tmp_path_factory):
     """The S3 server: its folder, the ``dvc remote`` commands it printed, its endpoint and credentials."""
     folder = tmp_path_factory.mktemp("s3")
-    started = subprocess.run([sys.executable, "-m", "pipelines.s3server", "--folder", str(folder), "--port",
+    started = subprocess.run([sys.executable, "-m", "pipelines.team.s3_server", "--folder", str(folder), "--port",
                               str(free_port()), "--detach"], capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr
     commands = [line.strip() for line in started.stdout.splitlines() if line.strip().startswith("dvc remote")]
-    keys = s3server.credentials(folder)
+    keys = s3_server.credentials(folder)
     yield {"folder": folder, "commands": commands, "keys": keys,
            "endpoint": json.loads((folder / "server.json").read_text())["endpoint"]}
-    s3server.stop(folder)
+    s3_server.stop(folder)
 
 
 def _bucket(s3):
@@ -104,19 +103,19 @@ def _older_schema(folder: Path) -> str:
     from alembic.script import ScriptDirectory
     from mlflow.store.db import utils
 
-    cluster = tracking_server.Cluster(folder)
+    cluster = mlflow_server.Cluster(folder)
     cluster.init()
     port = cluster.start()
     cluster.ensure_database(port)
     engine = sqlalchemy.create_engine(cluster.uri(port), connect_args={"passfile": str(cluster.passfile)})
     config = utils._get_alembic_config(str(engine.url))
-    older = ScriptDirectory.from_config(config).get_revision(tracking_server.head_revision()).down_revision
+    older = ScriptDirectory.from_config(config).get_revision(mlflow_server.head_revision()).down_revision
     utils.InitialBase.metadata.create_all(engine)
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, older)
     engine.dispose()
-    assert tracking_server.schema_revision(cluster, port) == older
+    assert mlflow_server.schema_revision(cluster, port) == older
     cluster.stop()
     return older
 
@@ -140,16 +139,16 @@ def server(s3):
                           "--detach", env=env)
         assert started.returncode == 0, started.stderr
         assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{port}" in started.stdout
-        head = tracking_server.head_revision()
+        head = mlflow_server.head_revision()
         assert f"upgrading the MLflow schema from {older} to {head} (mlflow db upgrade)" in started.stdout
         state = json.loads((folder / "server.json").read_text())
-        assert tracking_server.schema_revision(tracking_server.Cluster(folder), state["postgres_port"]) == head
+        assert mlflow_server.schema_revision(mlflow_server.Cluster(folder), state["postgres_port"]) == head
         user = _server("--folder", str(folder), "user", "team", timeout=120)
         assert user.returncode == 0 and "may edit experiment 'detection'" in user.stdout, user.stderr
         credentials = {"MLFLOW_TRACKING_USERNAME": "team", "MLFLOW_TRACKING_PASSWORD": _password(user.stdout)}
         yield {**state, "folder": folder, "credentials": credentials}
     finally:
-        tracking_server.stop(folder)
+        mlflow_server.stop(folder)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -168,8 +167,8 @@ def test_runs_go_to_postgresql_and_artifacts_through_the_server_into_the_bucket(
 
     from pipelines.tracking import store
 
-    # Not a test of the bounds: with --auth every call checks the password (scrypt), 1 to 7 s a call when
-    # two other processes hold the 2 cores (measured), and the run's creation (three calls) must not go offline.
+    # Not a test of the bounds: with --auth every call checks the password (scrypt), which is slow when other
+    # processes hold the cores, and the run's creation (three calls) must not go offline.
     monkeypatch.setattr(store, "CALL_TIMEOUT", 60.0)
     tracker = Tracker.start(experiment="team", params={"train.base_lr": 0.001})
     model = tmp_path / "model_final.pth"
@@ -444,7 +443,7 @@ def test_a_database_restart_under_the_server_loses_nothing_and_a_stopped_server_
     monkeypatch.setattr(store, "RECONNECT_INTERVAL", 1.0)
     tracker = Tracker.start(experiment="team", params={})
     tracker.log_metrics({"train/loss": 1.0}, step=1)
-    cluster = tracking_server.Cluster(as_team["folder"])
+    cluster = mlflow_server.Cluster(as_team["folder"])
     cluster.stop()
     tracker.log_metrics({"train/loss": 0.9}, step=2)  # the server answers 500 or not at all: offline
     assert tracker.offline
@@ -479,7 +478,7 @@ def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(
     assert _server("status", "--folder", str(folder)).returncode == 1
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "pipelines.tracking.server", "--folder", str(folder),
+    process = subprocess.Popen([sys.executable, "-m", "pipelines.team.mlflow_server", "--folder", str(folder),
                                 "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while not (folder / "server.json").is_file() or not _listening(port):

@@ -126,6 +126,24 @@ def artifact_location(experiment: str, uri: str | None = None) -> str | None:
     return (repo_root() / "mlartifacts" / experiment).as_uri()
 
 
+def experiment_id(client, name: str, *, artifact_location: str | None = None) -> str:
+    """The id of experiment ``name`` in ``client``'s store, created (with ``artifact_location``) if missing.
+
+    Unbounded: the caller bounds it (a stage through :class:`Attempt`). Raises MlflowException if the store
+    refuses; an experiment that another client created meanwhile is found again rather than an error."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException as err:  # created meanwhile, by another pipeline or by a retried request
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id
+
+
 class NoAnswer(Exception):
     """A store call still running at its deadline."""
 

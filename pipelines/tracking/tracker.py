@@ -172,20 +172,11 @@ class Tracker:
     def _create_run(client, experiment: str, run_name: str | None, tags: dict[str, str]) -> tuple[str, str]:
         """The new run's id and its experiment's id, within ``store.CALL_TIMEOUT``; a run created after the caller
         gave up is ended at once (KILLED) rather than left RUNNING."""
-        import mlflow
-
         lock, state = threading.Lock(), {"gave_up": False, "claimed": False}
 
         def create() -> str:
-            exp = client.get_experiment_by_name(experiment)
-            if exp is None:
-                try:
-                    exp_id = client.create_experiment(
-                        experiment, artifact_location=store.artifact_location(experiment, client.tracking_uri))
-                except mlflow.exceptions.MlflowException:  # created meanwhile by another pipeline
-                    exp_id = client.get_experiment_by_name(experiment).experiment_id
-            else:
-                exp_id = exp.experiment_id
+            exp_id = store.experiment_id(client, experiment,
+                                         artifact_location=store.artifact_location(experiment, client.tracking_uri))
             run_id = client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
             with lock:
                 state["claimed"] = not state["gave_up"]

@@ -1,8 +1,8 @@
 """A shared MLflow tracking server on PostgreSQL, started with one command (docs/team.md).
 
-    python -m pipelines.tracking.server                  # or: make tracking-server; Ctrl-C stops it
-    python -m pipelines.tracking.server --detach         # in the background; then:
-    python -m pipelines.tracking.server stop
+    python -m pipelines.team.mlflow_server               # or: make tracking-server; Ctrl-C stops it
+    python -m pipelines.team.mlflow_server --detach      # in the background; then:
+    python -m pipelines.team.mlflow_server stop
 
 Everything it keeps is in ``--folder`` (default ``.tracking-server/``):
 
@@ -20,8 +20,8 @@ Everything it keeps is in ``--folder`` (default ``.tracking-server/``):
 * ``server.log``: the MLflow server's output; ``server.json``: what runs, for ``stop`` and ``status``.
 
 MLflow's job runner (huey consumers for its GenAI jobs, which no detection run uses) is off unless
-``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true`` is set: it is 8 more processes and about 45 s of CPU at
-each start (measured on 2 AVX2 cores).
+``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true`` is set: it adds processes and costs CPU at every start, for
+nothing a detection run needs.
 
 It prints the URI clients set as ``MLFLOW_TRACKING_URI``. Ctrl-C, SIGTERM or SIGHUP (or ``stop``)
 ends the MLflow server, then PostgreSQL (``pg_ctl stop -m fast``). Errors are one line, ``error: ...``.
@@ -29,33 +29,34 @@ ends the MLflow server, then PostgreSQL (``pg_ctl stop -m fast``). Errors are on
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
-import json
 import os
 import secrets
 import shutil
 import socket
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TrackingError
-from ..lifetime import StopSignals, alive, end_group, free_port
+from ..lifetime import free_port
+from ..tracking import store
+from . import service
 
 ROLE = DATABASE = "mlflow"
-READY_TIMEOUT = 120.0  # seconds for `mlflow server` to answer /health (about 18 s with one worker here)
-STOP_TIMEOUT = 15.0
+READY_TIMEOUT = 120.0  # seconds for `mlflow server` to answer /health: its first start on a busy machine is slow
 JOBS_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"  # off unless set: see start()
 
 
 class ServerError(TrackingError):
     """The tracking server cannot start or stop (one line)."""
+
+
+TRACKING = service.Service("tracking server", "a", program="mlflow server", module="pipelines.team.mlflow_server",
+                           error=ServerError)
 
 
 def pg_command(name: str) -> str:
@@ -107,8 +108,7 @@ class Cluster:
         password = secrets.token_urlsafe(24)
         self.data.mkdir(mode=0o700)
         pwfile = self.folder / ".initdb-password"  # initdb wants its folder empty
-        pwfile.touch(mode=0o600)
-        pwfile.write_text(password + "\n")
+        service.write_secret(pwfile, password + "\n")
         if os.geteuid() == 0:
             for path in (self.data, pwfile):
                 shutil.chown(path, "postgres", "postgres")
@@ -124,10 +124,7 @@ class Cluster:
             raise
         finally:
             pwfile.unlink(missing_ok=True)
-        tmp = self.passfile.with_suffix(".tmp")
-        tmp.write_text(f"*:*:*:{ROLE}:{password}\n")
-        tmp.chmod(0o600)  # libpq ignores a password file that others can read
-        tmp.replace(self.passfile)
+        service.write_secret(self.passfile, f"*:*:*:{ROLE}:{password}\n")
         return True
 
     def running_port(self) -> int | None:
@@ -195,12 +192,7 @@ ADMIN = "admin"
 
 def _secret(path: Path) -> str:
     """The secret kept in ``path`` (mode 600), made on first use."""
-    if not path.is_file():
-        tmp = path.with_suffix(".tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(secrets.token_hex(16))
-        tmp.replace(path)
-    return path.read_text().strip()
+    return service.secret(path, lambda: secrets.token_hex(16)).strip()
 
 
 def _auth_environment(cluster: Cluster, port: int) -> dict[str, str]:
@@ -220,9 +212,8 @@ def add_user(folder: Path, name: str, *, experiment: str) -> str:
     """Create user ``name`` on the running server of ``folder`` (with auth) and give it EDIT on ``experiment``
     (created if missing); its new password, or "" for a user that existed (its permission is granted)."""
     folder = folder.resolve()
-    state = folder / "server.json"
-    running = json.loads(state.read_text()) if state.is_file() else None
-    if not running or not alive(running["pid"]):
+    running = service.running(folder)
+    if not running:
         raise ServerError(f"{folder}: no tracking server runs; start it with --auth first")
     if not running.get("auth"):
         raise ServerError(f"{folder}: its server runs without --auth: every client may write already")
@@ -234,17 +225,10 @@ def add_user(folder: Path, name: str, *, experiment: str) -> str:
     # create whose first try went through would answer "already exists")
     os.environ.update({"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": _secret(folder / "admin-password"),
                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"})
-    admin = mlflow.MlflowClient(running["url"])
-    found = admin.get_experiment_by_name(experiment)
-    if found:
-        experiment_id = found.experiment_id
-    else:
-        try:
-            experiment_id = admin.create_experiment(experiment)
-        except MlflowException as err:  # created meanwhile, by a pipeline or by a retried request
-            if err.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise ServerError(f"creating experiment {experiment!r}: {err.message}") from None
-            experiment_id = admin.get_experiment_by_name(experiment).experiment_id
+    try:
+        experiment_id = store.experiment_id(mlflow.MlflowClient(running["url"]), experiment)
+    except MlflowException as err:
+        raise ServerError(f"creating experiment {experiment!r}: {err.message}") from None
     users = AuthServiceClient(running["url"])
     password = secrets.token_hex(12)
     try:
@@ -258,8 +242,7 @@ def add_user(folder: Path, name: str, *, experiment: str) -> str:
 
 
 def _mlflow_command() -> str:
-    local = Path(sys.executable).with_name("mlflow")
-    return str(local) if local.is_file() else (shutil.which("mlflow") or "mlflow")
+    return service.program("mlflow") or "mlflow"
 
 
 @dataclass
@@ -286,8 +269,7 @@ def _healthy(url: str) -> bool:
 
 def _warm_up(url: str, admin: tuple[str, str] | None) -> None:
     """One API call (as the admin, with auth), so that the server's worker sets up its stores now: its first
-    call takes seconds (4 s on a loaded 2-core machine, then 0.15 s), which the first client, bounded at
-    10 s per call, would otherwise pay."""
+    call is slow, and the first client, bounded per call, would otherwise pay for it."""
     request = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
     if admin:
         request.add_header("Authorization", "Basic " + base64.b64encode(":".join(admin).encode()).decode())
@@ -299,10 +281,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
           auth: bool = False, db_host: str = "127.0.0.1", say=print) -> tuple[Server, subprocess.Popen]:
     """Start PostgreSQL and ``mlflow server`` on it; the server and its process (in a session of its own)."""
     folder = folder.resolve()
-    state = folder / "server.json"
-    if state.is_file() and (running := json.loads(state.read_text())) and alive(running["pid"]):
-        raise ServerError(f"{folder}: a tracking server runs already (pid {running['pid']}, {running['url']}); "
-                          f"stop it first: python -m pipelines.tracking.server stop --folder {folder}")
+    TRACKING.refuse_second(folder, shown="url")
     with socket.socket() as s:
         if s.connect_ex((host, port)) == 0:
             raise ServerError(f"--port {port}: something already listens on {host}:{port}; choose another port")
@@ -313,8 +292,8 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
     try:
         cluster.ensure_database(pg_port)
         env = {**os.environ, "PGPASSFILE": str(cluster.passfile), "MLFLOW_BACKEND_STORE_URI": cluster.uri(pg_port)}
-        # MLflow's job runner (huey consumers, for its GenAI jobs) serves no detection run, and costs: measured on
-        # 2 AVX2 cores, 10 processes and 58 s of CPU in the server's first 40 s with it, 2 and 13 s without.
+        # MLflow's job runner (huey consumers, for its GenAI jobs) serves no detection run, and it costs
+        # processes and CPU at every start, so it is off unless the user turns it on
         env.setdefault(JOBS_ENV, "false")
         revision, head = schema_revision(cluster, pg_port), head_revision()
         if revision is not None and revision != head:
@@ -327,42 +306,22 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
                    "--serve-artifacts", "--artifacts-destination", destination]
         if auth:
             command += ["--app-name", "basic-auth"]
-        with open(folder / "server.log", "ab") as log:
-            process = subprocess.Popen(command, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
         url = f"http://{host}:{port}"
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not _healthy(url):
-            if process.poll() is not None:
-                lines = (folder / "server.log").read_text(errors="replace").strip().splitlines() or [""]
-                cause = [line for line in lines if "Error:" in line or "Exception:" in line][-1:] or lines[-1:]
-                raise ServerError(f"mlflow server exited with {process.returncode}: {cause[0].strip()} "
-                                  f"(log: {folder / 'server.log'})")
-            if time.monotonic() > deadline:
-                end_group(process.pid, grace_s=STOP_TIMEOUT)
-                raise ServerError(f"mlflow server did not answer {url}/health within {READY_TIMEOUT:.0f} s "
-                                  f"(log: {folder / 'server.log'})")
-            time.sleep(0.5)
+        process = TRACKING.spawn(command, folder=folder, env=env, ready=lambda: _healthy(url), cause=True,
+                                 unready=f"mlflow server did not answer {url}/health", timeout=READY_TIMEOUT)
         _warm_up(url, (ADMIN, env["MLFLOW_AUTH_ADMIN_PASSWORD"]) if auth else None)
     except BaseException:
         cluster.stop()
         raise
     server = Server(url=url, pid=process.pid, postgres_port=pg_port, artifacts=destination, auth=auth)
-    state.write_text(json.dumps(vars(server), indent=1) + "\n")
+    service.write_state(folder, vars(server))
     return server, process
 
 
 def stop(folder: Path) -> bool:
     """Stop the MLflow server and PostgreSQL of ``folder``; whether anything ran."""
     folder = folder.resolve()
-    state = folder / "server.json"
-    ran = False
-    if state.is_file():
-        running = json.loads(state.read_text())
-        if alive(running["pid"]):
-            end_group(running["pid"], grace_s=STOP_TIMEOUT)
-            ran = True
-        state.unlink()
+    ran = service.stop(folder)
     cluster = Cluster(folder)
     if (cluster.data / "PG_VERSION").is_file() and cluster.running_port():
         cluster.stop()
@@ -371,20 +330,17 @@ def stop(folder: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="docs/team.md")
-    parser.add_argument("action", nargs="?", choices=("start", "stop", "status", "user"), default="start",
-                        help="user NAME: a user of the --auth server with EDIT on --experiment")
+    parser = service.parser(__doc__, actions=("stop", "status", "user"), folder=".tracking-server", port=5000, helps={
+        "action": "user NAME: a user of the --auth server with EDIT on --experiment",
+        "folder": "the server's data (default %(default)s)",
+        "host": "the address the MLflow server listens on (0.0.0.0: all)"})
     parser.add_argument("name", nargs="?", help="the user's name (action user)")
     parser.add_argument("--experiment", default="detection", help="the experiment a new user may edit (%(default)s)")
-    parser.add_argument("--folder", type=Path, default=Path(".tracking-server"), help="the server's data (default %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1", help="the address the MLflow server listens on (0.0.0.0: all)")
-    parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--artifacts", help="where artifacts go (default FOLDER/artifacts; s3://bucket/prefix)")
     parser.add_argument("--auth", action="store_true", help="MLflow's basic-auth app (docs/team.md)")
-    parser.add_argument("--detach", action="store_true", help="start it in the background and return")
     args = parser.parse_args(argv)
     if args.action == "stop":
-        print("stopped" if stop(args.folder) else f"{args.folder}: no tracking server runs")
+        TRACKING.stopped(args.folder, stop(args.folder))
         return
     if args.action == "user":
         if not args.name:
@@ -395,26 +351,18 @@ def main(argv: list[str] | None = None) -> None:
               f"MLFLOW_TRACKING_USERNAME={args.name} and MLFLOW_TRACKING_PASSWORD in their environment")
         return
     if args.action == "status":
-        state = args.folder.resolve() / "server.json"
-        running = json.loads(state.read_text()) if state.is_file() else None
-        if running and alive(running["pid"]):
-            print(Server(**running).describe())
-        else:
+        running = service.running(args.folder.resolve())
+        if not running:
             print(f"{args.folder}: no tracking server runs")
             raise SystemExit(1)
+        print(Server(**running).describe())
         return
-    with StopSignals() as signals:
-        server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts,
-                                auth=args.auth)
-        print(server.describe(), flush=True)
-        if args.detach:
-            return
-        print("Ctrl-C stops it.", flush=True)
-        code = signals.wait(process)
-    stop(args.folder)
-    if code is not None:
-        raise ServerError(f"mlflow server exited with {code} (log: {args.folder / 'server.log'})")
-    print("stopped")
+
+    def start_it() -> tuple[str, subprocess.Popen]:
+        server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts, auth=args.auth)
+        return server.describe(), process
+
+    TRACKING.serve(args.folder, start_it, detach=args.detach, stop=stop)
 
 
 if __name__ == "__main__":

