@@ -133,7 +133,7 @@ def blend_patch(patch: torch.Tensor, augmented: torch.Tensor, weights: torch.Ten
     mixed.add_(0.5)
     if out is None:
         out = torch.empty(patch.shape, dtype=torch.uint8)
-    # numpy's float to uint8 cast is faster than torch's on CPU (benchmarks/sa_autoaug.py times the ops).
+    # numpy's float to uint8 cast is faster than torch's on CPU.
     np.copyto(out.numpy(), mixed.numpy(), casting="unsafe")
     return out
 
