@@ -87,12 +87,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _artifacts(args, *, checkpoints: bool):
-    """What the training run keeps once it has ended: the model, the training log and, if asked, the
-    checkpoints (listed then, as a generator)."""
-    yield args.model, "model"
-    yield args.train_log, None
-    if checkpoints:
-        yield from ((path, "checkpoints") for _, path in checkpoint.checkpoints(args.checkpoints))
+    """The training run's artifacts, listed once it has ended: the model, the log and, if asked, the checkpoints."""
+    yield from [(args.model, "model"), (args.train_log, None)]
+    yield from ((path, "checkpoints") for _, path in (checkpoint.checkpoints(args.checkpoints) if checkpoints else []))
 
 
 if __name__ == "__main__":

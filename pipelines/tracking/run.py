@@ -122,16 +122,9 @@ def open_run(stage: str, run_file: str | Path, *, experiment: str, params: dict[
     """The MLflow run of ``stage`` (one of :data:`STAGES`) in ``experiment``, to use as ``with open_run(...)
     as tracker:``; on processes other than the main one, the no-op ``StageRun()``.
 
-    The run that ``run_file`` names (written by the start before) is continued if it was left RUNNING
-    with the same ``fingerprint`` and this start resumes progress that run saved: ``resumed_from`` names
-    the run that saved it ("" if the progress does not say, None if there is none, e.g. a training from
-    iteration 0). Otherwise that run, and the one ``resumed_from`` names, are closed as KILLED if still
-    RUNNING, and a new run starts: the lineage tags, the fingerprint, ``params`` (dotted keys; a training
-    leaves the ``evaluate`` section to evaluation runs) and ``compute`` (the resolved precision and
-    layout), a readable name, ``params_file`` as an artifact and, for a training that resumed another
-    run's checkpoint, a link to it (tag :data:`CONTINUES_TAG`); an evaluation's is linked to the training
-    run whose model it scores (``training_run_id``, also kept in its run file). ``output`` and
-    ``artifacts``: see :class:`StageRun`."""
+    It continues the run that ``run_file`` names where :func:`_run_to_continue` says so (``fingerprint``,
+    ``resumed_from``), else it starts a new one (:func:`_start`). ``output`` and ``artifacts``: see
+    :class:`StageRun`; an evaluation's run file also keeps ``training_run_id``."""
     from .. import distributed  # imports torch: only a stage that opens its run needs it
 
     if stage not in STAGES:
@@ -141,17 +134,43 @@ def open_run(stage: str, run_file: str | Path, *, experiment: str, params: dict[
     fields = {} if fingerprint is None else {"fingerprint": fingerprint}
     if stage == "evaluate":
         fields["training_run_id"] = training_run_id
-    previous = read_run_file(run_file)
-    interrupted = previous.get("run_id") if previous.get("status") == "running" else None
-    interrupted = interrupted if isinstance(interrupted, str) else None  # a damaged file names no run
+    tracked_until = 0
+    if (run_id := _run_to_continue(read_run_file(run_file), fingerprint, resumed_from)) is not None:
+        tracker = Tracker.resume(run_id)
+        if stage == "train":
+            tracked_until = tracker.last_step("train/loss")
+    else:
+        tracker = _start(stage, experiment=experiment, params=params, params_file=params_file, cache=cache,
+                         compute=compute, fingerprint=fingerprint, resumed_from=resumed_from,
+                         training_run_id=training_run_id)
+    return StageRun(tracker, run_file, experiment=experiment, fields=fields, output=output, artifacts=artifacts,
+                    tracked_until=tracked_until)
+
+
+def _run_to_continue(previous: dict[str, Any], fingerprint: str | None, resumed_from: str | None) -> str | None:
+    """The run that ``previous`` (the run file of the start before) names, if this start continues it: left
+    RUNNING with the same ``fingerprint`` by a start whose saved progress this one resumes (``resumed_from``:
+    the run that saved it, "" if the progress does not say, None if there is none, e.g. a training from
+    iteration 0). Otherwise None, and that run and the one ``resumed_from`` names are closed as KILLED if
+    they are still RUNNING (their processes were killed)."""
+    run_id = previous.get("run_id")
+    interrupted = run_id if previous.get("status") == "running" and isinstance(run_id, str) else None
     if (resumed_from is not None and interrupted and fingerprint is not None
             and previous.get("fingerprint") == fingerprint and resumed_from in ("", interrupted)):
-        tracker = Tracker.resume(interrupted)
-        tracked_until = tracker.last_step("train/loss") if stage == "train" else 0
-        return StageRun(tracker, run_file, experiment=experiment, fields=fields, output=output,
-                        artifacts=artifacts, tracked_until=tracked_until)
-    for run_id in {interrupted, resumed_from} - {None, ""}:
-        close_run(run_id, "KILLED")
+        return interrupted
+    for stale in {interrupted, resumed_from} - {None, ""}:
+        close_run(stale, "KILLED")
+    return None
+
+
+def _start(stage: str, *, experiment: str, params: dict[str, Any], params_file: str | Path,
+           cache: str | Path | None, compute: dict[str, str] | None, fingerprint: str | None,
+           resumed_from: str | None, training_run_id: str | None) -> Tracker:
+    """A new run of ``stage``: the lineage tags, the ``fingerprint``, ``params`` (dotted keys; a training
+    leaves the ``evaluate`` section to evaluation runs) and ``compute`` (the resolved precision and
+    layout), a readable name, a note and ``params_file`` as an artifact. A training that resumed another
+    run's checkpoint is linked to it (tag :data:`CONTINUES_TAG`), an evaluation to the training run whose
+    model it scores (``training_run_id``)."""
     if stage == "train":
         params = {k: v for k, v in params.items() if not k.startswith("evaluate.")}
     tags = stage_tags(stage, params_file=params_file, cache=cache)
@@ -169,4 +188,4 @@ def open_run(stage: str, run_file: str | Path, *, experiment: str, params: dict[
         elif stage == "evaluate":
             tracker.set_tag(NOTE_TAG, evaluation_note(training_run_id, tracker.experiment_id))
         tracker.log_artifact(params_file)
-    return StageRun(tracker, run_file, experiment=experiment, fields=fields, output=output, artifacts=artifacts)
+    return tracker
