@@ -123,13 +123,11 @@ def _close_progress_bars() -> None:
 def exit_now(code: int | str | None = 0) -> NoReturn:
     """End this process as ``sys.exit(code)`` would, less the interpreter's teardown of its modules.
 
-    That teardown costs about 2 s of CPU per stage process (the tiny train and evaluate stages, one process
-    each, on a 2-core AVX512-BF16 EPYC: 10.7 s and 9.1 s of CPU ending normally, 8.7 s and 7.1 s ending
-    like this), paid by every process of every stage. What an exit does that matters is done first, in the
-    interpreter's order: ``threading._shutdown`` (its exit callbacks, which stop idle thread pools, then a
-    join of the other non-daemon threads), the ``atexit`` handlers (logging's flush, multiprocessing's
-    clean-up of loader workers, ``weakref.finalize``), standard output and error flushed; then
-    ``os._exit``. Files the stages write are closed or flushed where they are written, never left to the
+    That teardown costs seconds of CPU, paid by every process of every stage, and does nothing a stage
+    needs. What an exit does that matters is done first, in the interpreter's order:
+    ``threading._shutdown`` (its exit callbacks, which stop idle thread pools, then a join of the other
+    non-daemon threads), the ``atexit`` handlers (logging's flush, multiprocessing's clean-up of loader
+    workers, ``weakref.finalize``), standard output and error flushed; then ``os._exit``. Files the stages write are closed or flushed where they are written, never left to the
     garbage collector."""
     if isinstance(code, str):  # sys.exit("message"): the message on stderr, status 1
         print(code, file=sys.stderr)

@@ -26,7 +26,7 @@ gloo on CPU, NCCL on GPU. What it adds is the way failures read:
 One process on one node (``train.nproc: 1``, the evaluate stage with ``--single-node`` on one
 process) has no group to form: the launcher starts it itself, with torchrun's environment for it
 (``RANK`` 0, ``WORLD_SIZE`` 1, a run id, an error file), and reads the same way. torchrun's agent,
-whose import and rendezvous cost about 3 s of CPU per stage (measured on 2 AVX2 cores, fp32), is left out;
+whose import and rendezvous cost seconds of CPU per stage for nothing when there is no group, is left out;
 ``launch.max_restarts`` > 0 still goes through it.
 """
 
@@ -129,7 +129,7 @@ def launch(module: str, args: list[str], *, nproc: int, nodes: int = 1, rdzv_end
                 logging.getLogger(name).setLevel(logging.CRITICAL)
     # Each round of processes gets a store of its own (hosted by its rank 0): with the agent's store
     # shared across rounds, the processes of a restarted group read the previous round's gloo
-    # addresses and fail to connect (torch 2.14; measured: every restart failed).
+    # addresses and fail to connect (torch 2.14; tried: every restart failed).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if nodes == 1:
         rdzv_endpoint, rdzv_id = "localhost:0", str(uuid.uuid4())

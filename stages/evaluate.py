@@ -19,7 +19,7 @@ from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.evaluation import coco_evaluate, predict
 from pipelines.fileio import write_json
-from pipelines.tracking.run import open_evaluation_run, read_run_id, stage_run
+from pipelines.tracking.run import open_run, read_run_id
 from pipelines.tracking.tracker import Tracker
 
 log = logging.getLogger("evaluate")
@@ -38,17 +38,16 @@ def main(argv: list[str] | None = None) -> None:
     device = distributed.init_from_env()
     rank, world_size, main_process = distributed.get_rank(), distributed.get_world_size(), distributed.is_main_process()
     p = load_params(args.params, world_size=world_size)
-    training_run_id = read_run_id(args.train_run) if main_process else None
+    training_run_id = read_run_id(args.train_run)
     cache = AnnotationCache(args.cache / "val", verify=True)
     model, compute, iteration = build_model.trained_detector(p, args.model, categories=cache.categories,
                                                              split=args.cache / "val", device=device)
     if main_process:
         compute.announce(log)
-    tracker = open_evaluation_run(
-        experiment=p.tracking.experiment, params=to_flat_dict(p), compute=compute.as_params(), run_file=args.run_file,
-        training_run_id=training_run_id, params_file=args.params, cache=args.cache) if main_process else Tracker()
-    with stage_run(tracker, args.run_file if main_process else None, experiment=p.tracking.experiment,
-                   training_run_id=training_run_id):
+    outputs = [(path, "eval") for path in (args.metrics, args.per_category, args.plots)]  # logged as the run ends
+    with open_run("evaluate", args.run_file, experiment=p.tracking.experiment, params=to_flat_dict(p),
+                  compute=compute.as_params(), training_run_id=training_run_id, params_file=args.params,
+                  cache=args.cache, artifacts=outputs) as tracker:
         dataset = DetectionDataset(cache, transforms=build_data.test_transforms(p), seed=p.seed, skip_crowd=False)
         loader = build_data.test_loader(p, dataset, rank=rank, world_size=world_size)
         detections = predict(model, loader, device=device, category_ids=cache.category_ids,
@@ -63,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: str | None, *, step: int,
             images: int) -> None:
-    """Score ``detections``, write the stage's outputs and record them in the evaluation run."""
+    """Score ``detections``, write the stage's outputs and log the metrics to the evaluation run (which
+    logs the output files when it ends)."""
     metrics = coco_evaluate(args.prepared / "val.json", detections, backend=p.evaluate.backend)
     log.info("COCO box metrics on %d val images:\n%s", images, metrics.summary)
     write_json(args.detections, detections, indent=None)
@@ -73,8 +73,6 @@ def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: 
     write_json(args.run_ids, {"mlflow_run_id": tracker.run_id, "mlflow_training_run_id": training_run_id})
     tracker.log_metrics({f"eval/{k}": v for k, v in metrics.stats.items() if v is not None}, step=step)
     tracker.log_metrics({f"eval/AP_{k}": v for k, v in metrics.per_category.items()}, step=step)
-    for path in (args.metrics, args.per_category, args.plots):
-        tracker.log_artifact(path, "eval")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pipelines.search.evolution import Search, Settings
 from pipelines.search.pool import CandidatePool
 from pipelines.search.proxy import Proxy, baseline_aps, bin_shares, search_params
 from pipelines.search.record import SearchRecord
-from pipelines.tracking.run import open_search_run, read_run_file, stage_run
+from pipelines.tracking.run import open_run
 
 log = logging.getLogger("search")
 TOP = 5  # candidates whose scale bins are plotted
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     baseline = record.baseline_aps(lambda: baseline_aps(proxy))
     log.info("baseline on %d held-out images: AP %.3f, APs %.3f, APm %.3f, APl %.3f",
              len(AnnotationCache(args.cache / "val")), *(baseline[k] for k in ("AP", "APs", "APm", "APl")))
-    tracker = open_search_run(experiment=p.tracking.experiment, params=to_flat_dict(p), fingerprint=record.fingerprint,
-                              previous=read_run_file(record.run_file), params_file=args.params)
-    with stage_run(tracker, record.run_file, experiment=p.tracking.experiment, fingerprint=record.fingerprint):
+    with open_run("search", record.run_file, experiment=p.tracking.experiment, params=to_flat_dict(p),
+                  fingerprint=record.fingerprint, params_file=args.params,
+                  resumed_from="") as tracker:  # the state folder: progress that does not name its run
         tracker.log_metrics({f"baseline/{k}": v for k, v in baseline.items()})
         search = Search(args.out, settings)
         with CandidatePool(proxy, baseline) as pool:

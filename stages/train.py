@@ -21,8 +21,7 @@ from pipelines.config.load import load_params, read_policy_file, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.engine import StopRequest, train
-from pipelines.tracking.run import open_training_run, read_run_file, stage_run
-from pipelines.tracking.tracker import Tracker
+from pipelines.tracking.run import open_run
 
 log = logging.getLogger("train")
 PREVIEW_SAMPLES = 6
@@ -56,7 +55,6 @@ def main(argv: list[str] | None = None) -> None:
                                            extra={"categories": cache.categories})
     if main_process:
         checkpointer.claim(model, args.model, others=[args.run, args.train_log, args.preview])
-    previous = read_run_file(args.run_file) if main_process else {}
     scaler = build_train.grad_scaler(compute, device)
     start_iter, extras = checkpointer.resume(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     loader = build_train.train_loader(p, dataset, rank=rank, world_size=world_size, device=device,
@@ -66,14 +64,13 @@ def main(argv: list[str] | None = None) -> None:
              len(dataset), len(cache.categories), sum(x.numel() for x in model.parameters()) / 1e6,
              world_size, device.type, p.train.ims_per_batch, start_iter, build_train.last_iteration(p))
 
-    tracker, tracked_until = open_training_run(
-        experiment=p.tracking.experiment, params=to_flat_dict(p), compute=compute.as_params(), fingerprint=fingerprint,
-        previous=previous, resumed_from=extras.get(RUN_ID_KEY, "") if start_iter else None, params_file=args.params,
-        cache=args.cache) if main_process else (Tracker(), 0)
-    checkpointer.extra[RUN_ID_KEY] = tracker.run_id or ""
+    run = open_run("train", args.run_file, experiment=p.tracking.experiment, params=to_flat_dict(p),
+                   compute=compute.as_params(), fingerprint=fingerprint, params_file=args.params, cache=args.cache,
+                   resumed_from=extras.get(RUN_ID_KEY, "") if start_iter else None, output=args.run,
+                   artifacts=_artifacts(args, checkpoints=p.tracking.log_checkpoints))
+    checkpointer.extra[RUN_ID_KEY] = run.tracker.run_id or ""
     preview, train_log = args.checkpoints / args.preview.name, args.checkpoints / args.train_log.name
-    with stage_run(tracker, args.run_file if main_process else None, experiment=p.tracking.experiment,
-                   fingerprint=fingerprint, output=args.run):
+    with run as tracker:
         if main_process:
             if start_iter == 0 and policy is not None:
                 log.info("Scale-aware AutoAugment policy:\n%s", policy)
@@ -82,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             if start_iter == 0:
                 tracker.log_artifact(preview, "preview")
         report = build_train.reporter(p, start_iter=start_iter, device=device, log_file=train_log, tracker=tracker,
-                                      tracked_until=tracked_until)
+                                      tracked_until=run.tracked_until)
         train(model, loader, optimizer, scheduler, device=device, max_iter=build_train.last_iteration(p),
               start_iter=start_iter, **build_train.loop_settings(p), checkpointer=checkpointer, scaler=scaler,
               report=report, stop=stop)
@@ -90,13 +87,14 @@ def main(argv: list[str] | None = None) -> None:
             checkpoint.save(args.model, model=checkpoint.unwrap(model).state_dict(), categories=cache.categories,
                             iteration=build_train.last_iteration(p), **compute.stored())
             checkpointer.promote({train_log: args.train_log, preview: args.preview})
-            tracker.log_artifact(args.model, "model")
-            tracker.log_artifact(args.train_log)
-            if p.tracking.log_checkpoints:
-                for _, path in checkpoint.checkpoints(args.checkpoints):
-                    tracker.log_artifact(path, "checkpoints")
     checkpointer.finish()  # the final model is the output: running the stage again starts from 0
     distributed.shutdown()
+
+
+def _artifacts(args, *, checkpoints: bool):
+    """The training run's artifacts, listed once it has ended: the model, the log and, if asked, the checkpoints."""
+    yield from [(args.model, "model"), (args.train_log, None)]
+    yield from ((path, "checkpoints") for _, path in (checkpoint.checkpoints(args.checkpoints) if checkpoints else []))
 
 
 if __name__ == "__main__":

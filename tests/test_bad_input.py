@@ -783,5 +783,5 @@ def test_a_store_that_cannot_be_opened_fails_at_once_not_after_mlflow_retries(tm
     tracker = Tracker.start(experiment="e", params={"a": 1})
     tracker.log_metrics({"loss": 1.0}, step=1)
     tracker.finish()
-    assert tracker.run_id is None and tracker.offline
+    assert tracker.run_id is None and tracker._offline
     assert time.monotonic() - started < 5.0

@@ -176,7 +176,7 @@ def test_runs_go_to_postgresql_and_artifacts_through_the_server_into_the_bucket(
     tracker.log_metrics({"train/loss": 0.5}, step=3)
     tracker.log_artifact(model, "model")
     tracker.finish()
-    assert not tracker.offline
+    assert not tracker._offline
     client = mlflow.MlflowClient(as_team["url"])
     assert client.get_experiment_by_name("team").artifact_location.startswith("mlflow-artifacts:")  # the server's
     assert client.get_run(tracker.run_id).data.metrics["train/loss"] == 0.5
@@ -446,15 +446,15 @@ def test_a_database_restart_under_the_server_loses_nothing_and_a_stopped_server_
     cluster = mlflow_server.Cluster(as_team["folder"])
     cluster.stop()
     tracker.log_metrics({"train/loss": 0.9}, step=2)  # the server answers 500 or not at all: offline
-    assert tracker.offline
+    assert tracker._offline
     cluster.start(as_team["postgres_port"])
     deadline = time.monotonic() + 60
     step = 3
-    while tracker.offline and time.monotonic() < deadline:
+    while tracker._offline and time.monotonic() < deadline:
         time.sleep(1.1)
         tracker.log_metrics({"train/loss": 1.0 - step / 10}, step=step)
         step += 1
-    assert not tracker.offline  # back during the run, not only at its end
+    assert not tracker._offline  # back during the run, not only at its end
     client = mlflow.MlflowClient(as_team["url"])
     assert sorted(m.step for m in client.get_metric_history(tracker.run_id, "train/loss")) == list(range(1, step))
 

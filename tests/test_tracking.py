@@ -22,7 +22,7 @@ import yaml
 from pipelines.tracking import lineage
 from pipelines.tracking import store as tracking_store
 from pipelines.tracking import tracker as tracker_module
-from pipelines.tracking.run import (close_run_file, close_stale_run, read_run_file, read_run_id, stage_run,
+from pipelines.tracking.run import (CONTINUES_TAG, StageRun, close_run_file, open_run, read_run_id,
                                     write_run_file)
 from pipelines.tracking.tracker import Tracker
 from pipelines.errors import Stopped, TrackingError
@@ -220,7 +220,7 @@ def test_a_run_on_a_working_store(store, tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("DVC_EXP_NAME", "exp-1")
     params = {f"p.{i}": i for i in range(150)}  # more than one batch of 100
     tracker = Tracker.start(experiment="working", params=params)
-    assert tracker.run_id and not tracker.offline
+    assert tracker.run_id and not tracker._offline
     tracker.log_text("policy", "augment_policy.txt")
     tracker.set_tag("k", "v")
     _log_a_training(tracker, tmp_path)
@@ -271,7 +271,7 @@ def test_a_resume_on_a_locked_store_records_no_step_twice(store, lock_store, fas
 
     lock_store.lock()
     resumed = Tracker.resume(tracker.run_id)
-    assert resumed.offline and resumed.run_id == tracker.run_id
+    assert resumed._offline and resumed.run_id == tracker.run_id
     assert resumed.last_step("train/loss") == 0
     for it in range(20, 81, 20):
         resumed.log_metrics({"train/loss": 0.5, "train/lr": 0.1}, step=it)
@@ -303,7 +303,7 @@ def test_close_run_ends_a_running_run_and_leaves_others(store, refused_uri, fast
 
     start = time.monotonic()
     assert tracking_store.close_run("0" * 32, "KILLED") is False  # no such run: one warning, no exception
-    assert tracking_store.close_run(running.run_id, "KILLED", tracking_uri=refused_uri) is False
+    assert tracking_store.close_run(running.run_id, "KILLED", uri=refused_uri) is False
     assert time.monotonic() - start < BOUND
     assert len(_warnings(caplog)) == 2 and "unreachable" in _warnings(caplog)[1]
 
@@ -341,7 +341,7 @@ def test_start_on_an_unreachable_http_store_runs_untracked(outage, refused_uri, 
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     start = time.monotonic()
     tracker = Tracker.start(experiment="detection", params={"a": 1})
-    assert tracker.run_id is None and tracker.offline
+    assert tracker.run_id is None and tracker._offline
     _log_a_training(tracker, tmp_path)
     assert tracker.last_step("train/loss") == 0
     elapsed = time.monotonic() - start
@@ -358,7 +358,7 @@ def test_resume_on_an_unreachable_http_store_keeps_and_reports(outage, refused_u
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     start = time.monotonic()
     tracker = Tracker.resume("f" * 32)
-    assert tracker.run_id == "f" * 32 and tracker.offline
+    assert tracker.run_id == "f" * 32 and tracker._offline
     _log_a_training(tracker, tmp_path)
     assert time.monotonic() - start < BOUND
     warning = _check_one_warning(caplog, capfd, uri, "35 metric values", "2 artifacts (model/model_final.pth, "
@@ -405,7 +405,7 @@ def test_a_lock_released_before_finish_loses_nothing(store, lock_store, fast, tm
     tracker = Tracker.start(experiment="locked", params={"a": 1})
     lock_store.lock()
     tracker.log_metrics({"train/loss": 1.0}, step=1)  # waits, fails, goes offline
-    assert tracker.offline
+    assert tracker._offline
     tracker.log_metrics({"train/loss": 0.5}, step=2)  # kept at once
     for it in (3, 4, 5):  # 1800 values: more than one log_batch (1000 at most) in the retry
         tracker.log_metrics({f"many/{k}": k for k in range(600)}, step=it)
@@ -434,20 +434,20 @@ def test_an_offline_tracker_comes_back_at_a_log_once_the_store_answers_again(sto
     tracker = Tracker.start(experiment="restarted", params={"a": 1})
     lock_store.lock()
     tracker.log_metrics({"train/loss": 1.0}, step=1)  # waits, fails, goes offline
-    assert tracker.offline
+    assert tracker._offline
     start = time.monotonic()
     tracker.log_metrics({"train/loss": 0.9}, step=2)  # before the interval: kept at once, no call
     assert time.monotonic() - start < 0.5
     time.sleep(2.0)
     tracker.log_metrics({"train/loss": 0.8}, step=3)  # an attempt: fails again (one call), stays offline
-    assert tracker.offline
+    assert tracker._offline
     lock_store.unlock()
     tracker.log_metrics({"train/loss": 0.7}, step=4)  # within the interval of the last attempt: kept
-    assert tracker.offline
+    assert tracker._offline
     time.sleep(2.0)
     with caplog.at_level(logging.INFO, logger="pipelines.tracking"):
         tracker.log_metrics({"train/loss": 0.6}, step=5)
-    assert not tracker.offline and "tracking is back online" in caplog.text
+    assert not tracker._offline and "tracking is back online" in caplog.text
     client = mlflow.MlflowClient(tracking_uri=uri)
     assert sorted(m.step for m in client.get_metric_history(tracker.run_id, "train/loss")) == [1, 2, 3, 4, 5]
     tracker.finish()
@@ -471,11 +471,11 @@ def test_a_call_past_its_deadline_that_succeeds_counts_as_recorded(store, tmp_pa
     model, _ = _files(tmp_path)
     start = time.monotonic()
     tracker.log_artifact(model, "model")
-    assert tracker.offline and time.monotonic() - start < BOUND
+    assert tracker._offline and time.monotonic() - start < BOUND
     release.set()
     assert _no_worker_left()
     tracker.log_metrics({"train/loss": 1.0}, step=1)
-    assert not tracker.offline  # the slow call went through: back online
+    assert not tracker._offline  # the slow call went through: back online
     tracker.finish()
     import mlflow
 
@@ -502,9 +502,9 @@ def test_an_artifact_upload_is_granted_time_by_its_size(store, tmp_path, monkeyp
 
     monkeypatch.setattr(tracker_module, "_apply", slow_apply)
     tracker.log_artifact(model, "model")
-    assert not tracker.offline
+    assert not tracker._offline
     tracker.log_metrics({"train/loss": 1.0}, step=1)
-    assert tracker.offline
+    assert tracker._offline
     tracker.finish()
     import mlflow
 
@@ -588,12 +588,15 @@ def test_two_pipelines_creating_a_new_sqlite_store_at_once_both_get_it(tmp_path)
 @pytest.mark.parametrize(("raised", "status"), [(None, "FINISHED"), (ValueError("bug"), "FAILED"),
                                                  (Stopped("stopped by SIGINT", signum=2), "KILLED")])
 def test_a_stage_run_ends_as_its_block_ends_and_its_run_file_follows(store, tmp_path, raised, status):
-    """``stage_run`` ends the run as MLflow's ``ActiveRun.__exit__`` would (KILLED on a stop signal is
-    ours); the run file says ``running`` inside the block, then ``finished`` only if the block ended."""
+    """A :class:`StageRun` ends the run as MLflow's ``ActiveRun.__exit__`` would (KILLED on a stop signal is
+    ours); the run file says ``running`` inside the block, then ``finished`` (and so does the output copy)
+    only if the block ended, and the declared artifacts are logged only then."""
     tracker = Tracker.start(experiment="stage-run", params={"a": 1})
-    run_file = tmp_path / "run.json"
+    run_file, output, model = tmp_path / "run.json", tmp_path / "out.json", tmp_path / "model.pth"
+    model.write_bytes(b"weights")
     try:
-        with stage_run(tracker, run_file, experiment="stage-run", fingerprint="f" * 64) as inside:
+        with StageRun(tracker, run_file, experiment="stage-run", fields={"fingerprint": "f" * 64}, output=output,
+                      artifacts=[(model, "model")]) as inside:
             assert inside is tracker
             assert json.loads(run_file.read_text()) == {
                 "run_id": tracker.run_id, "tracking_uri": store[0], "experiment": "stage-run",
@@ -607,20 +610,65 @@ def test_a_stage_run_ends_as_its_block_ends_and_its_run_file_follows(store, tmp_
     client = mlflow.MlflowClient(tracking_uri=store[0])
     assert client.get_run(tracker.run_id).info.status == status
     assert json.loads(run_file.read_text())["status"] == ("finished" if raised is None else "running")
+    assert output.is_file() == (raised is None)
+    logged = [a.path for a in client.list_artifacts(tracker.run_id, "model")]
+    assert logged == (["model/model.pth"] if raised is None else [])
 
 
-def test_a_run_left_running_is_closed_unless_it_is_continued(store, tmp_path):
-    killed = Tracker.start(experiment="stale", params={})  # its process was killed: its run file says running
-    write_run_file(tmp_path / "run.json", run_id=killed.run_id, experiment="stale", status="running")
-    close_stale_run(read_run_file(tmp_path / "run.json"), keep=killed.run_id)  # continued: left as it is
+def test_other_processes_get_a_run_that_does_nothing(tmp_path, monkeypatch):
+    from pipelines import distributed
+
+    monkeypatch.setattr(distributed, "is_main_process", lambda: False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = open_run("train", tmp_path / "run.json", experiment="e", params={}, params_file=tmp_path / "params.yaml",
+                   fingerprint="f" * 64, resumed_from=None, output=tmp_path / "out.json",
+                   artifacts=[(tmp_path / "absent", None)])
+    with run as tracker:
+        assert not tracker.active and run.tracked_until == 0
+    assert list(tmp_path.iterdir()) == []  # no run file, no store
+
+
+def test_a_run_left_running_is_continued_where_the_run_file_agrees_else_closed(store, tmp_path):
+    """The run file of a killed start names its run, left RUNNING: the next start continues it with the
+    same fingerprint (a training only when it resumes a checkpoint of that run, or one that does not say);
+    otherwise that run, and the run a resumed checkpoint names, are closed as KILLED and a new run starts."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=store[0])
-    assert client.get_run(killed.run_id).info.status == "RUNNING"
-    close_stale_run(read_run_file(tmp_path / "run.json"))
-    assert client.get_run(killed.run_id).info.status == "KILLED"
-    close_run_file(tmp_path / "run.json", "FAILED")  # the launcher's call: no longer RUNNING, nothing changes
-    assert client.get_run(killed.run_id).info.status == "KILLED"
+    params_file, run_file = tmp_path / "params.yaml", tmp_path / "run.json"
+    params_file.write_text("seed: 1\n")
+    status = lambda run: client.get_run(run.tracker.run_id).info.status  # noqa: E731
+
+    def killed(stage: str, **kwargs) -> StageRun:
+        """A start of ``stage`` killed inside its run: the run file says running, the run is RUNNING."""
+        run = open_run(stage, run_file, experiment="stale", params={"seed": 1}, params_file=params_file, **kwargs)
+        run.__enter__()
+        return run
+
+    first = killed("search", fingerprint="a", resumed_from="")
+    again = killed("search", fingerprint="a", resumed_from="")
+    assert again.tracker.run_id == first.tracker.run_id and status(first) == "RUNNING"
+    other = killed("search", fingerprint="b", resumed_from="")  # another search
+    assert other.tracker.run_id != first.tracker.run_id and status(first) == "KILLED"
+
+    train = killed("train", fingerprint="b", resumed_from=None)  # from iteration 0: never continues
+    assert status(other) == "KILLED" and CONTINUES_TAG not in client.get_run(train.tracker.run_id).data.tags
+    train.tracker.log_metrics({"train/loss": 1.0}, step=5)
+    resumed = killed("train", fingerprint="b", resumed_from=train.tracker.run_id)
+    assert resumed.tracker.run_id == train.tracker.run_id and resumed.tracked_until == 5
+    elsewhere = killed("train", fingerprint="b", resumed_from=first.tracker.run_id)  # its run file was lost
+    assert status(train) == "KILLED"
+    assert client.get_run(elsewhere.tracker.run_id).data.tags[CONTINUES_TAG] == first.tracker.run_id
+
+    with open_run("evaluate", run_file, experiment="stale", params={"seed": 1}, params_file=params_file,
+                  training_run_id=elsewhere.tracker.run_id) as tracker:
+        assert status(elsewhere) == "KILLED"  # an evaluation never continues a run
+        assert client.get_run(tracker.run_id).data.tags["training_run_id"] == elsewhere.tracker.run_id
+    assert json.loads(run_file.read_text()) == {
+        "run_id": tracker.run_id, "tracking_uri": store[0], "experiment": "stale",
+        "training_run_id": elsewhere.tracker.run_id, "status": "finished"}
+    close_run_file(run_file, "FAILED")  # the launcher's call: no longer RUNNING, nothing changes
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
 
 
 def test_run_names_compare_against_the_committed_params_not_a_composition(tmp_path, monkeypatch):

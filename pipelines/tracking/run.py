@@ -1,11 +1,10 @@
-"""The life of a stage's MLflow run (:func:`stage_run`) and its run file (``run.json``: which run the stage
-writes to, read by the next start, by the launcher and, for the train stage's, by evaluate)."""
+"""A stage's MLflow run (:func:`open_run`, a :class:`StageRun`) and its run file (``run.json``: which run the
+stage writes to, read by the next start, by the launcher and, for the train stage's, by evaluate)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,10 @@ from .tracker import Tracker
 
 FINGERPRINT_TAG = "train.fingerprint"  # on every training run
 CONTINUES_TAG = "train.continues_run"  # on a run that resumed another run's checkpoint (its run file was lost)
+STAGES = ("train", "evaluate", "search")
+_NAME_FIRST = {"train": (), "evaluate": ("evaluate.",), "search": ("search.",)}  # params named first in run names
+
+Artifacts = Iterable[tuple[str | Path, str | None]]  # (path, folder in the run's artifacts or None)
 
 
 def write_run_file(path: str | Path, *, run_id: str | None, experiment: str, **fields: Any) -> None:
@@ -56,41 +59,6 @@ def read_run_id(path: str | Path) -> str | None:
     return run_id
 
 
-@contextlib.contextmanager
-def stage_run(tracker: Tracker, run_file: str | Path | None, *, experiment: str, output: str | Path | None = None,
-              **fields: Any) -> Iterator[Tracker]:
-    """The life of a stage's MLflow run, as MLflow's ``ActiveRun.__exit__`` ends one: ``run_file`` says
-    ``running`` while the block runs (so that a launcher whose processes die can close the run, see
-    :func:`close_run_file`); when the block ends, the file says ``finished`` (and so does ``output``, a
-    copy that is a stage's output) and the run ends FINISHED; FAILED on an exception, KILLED on a stop
-    signal (:class:`~pipelines.errors.Stopped`). ``fields`` go into the run file (e.g. the train stage's
-    fingerprint). Processes other than the main one pass no run file and a tracker without a run."""
-    def record(path: str | Path | None, status: str) -> None:
-        if path is not None and run_file is not None:
-            write_run_file(path, run_id=tracker.run_id, experiment=experiment, **fields, status=status)
-
-    record(run_file, "running")
-    try:
-        yield tracker
-    except Stopped:
-        tracker.finish("KILLED")
-        raise
-    except BaseException:
-        tracker.finish("FAILED")
-        raise
-    record(output, "finished")
-    record(run_file, "finished")
-    tracker.finish()
-
-
-def close_stale_run(previous: dict[str, Any], *, keep: str | None = None) -> None:
-    """Close as KILLED the run that the run file of an earlier start (``previous``, from
-    :func:`read_run_file`) left ``running`` (its process was killed), unless it is ``keep`` (continued)."""
-    run_id = previous.get("run_id")
-    if previous.get("status") == "running" and run_id and run_id != keep:
-        close_run(run_id, "KILLED")
-
-
 def close_run_file(path: str | Path | None, status: str) -> None:
     """For a launcher whose processes died: end the run that ``path`` names with ``status`` if it is still
     RUNNING (an unusable file: nothing to do)."""
@@ -104,69 +72,120 @@ def close_run_file(path: str | Path | None, status: str) -> None:
         close_run(run_id, status)
 
 
-def open_training_run(*, experiment: str, params: dict[str, Any], compute: dict[str, str], fingerprint: str,
-                      previous: dict[str, Any], resumed_from: str | None, params_file: str | Path,
-                      cache: str | Path) -> tuple[Tracker, int]:
-    """The MLflow run of a training, and the last step it has logged.
+class StageRun:
+    """A stage's MLflow run, as MLflow's ``ActiveRun``: one owner of its life, ``with run as tracker:``.
 
-    A training that resumes from a checkpoint (``resumed_from``: the run that wrote it, "" if the
-    checkpoint does not say; None for a training from iteration 0) continues the run that the run file
-    of the start before (``previous``) names, where that file agrees: same run, same fingerprint, left
-    RUNNING. Otherwise a new run with the lineage tags, the fingerprint, ``params`` (dotted keys; the
-    ``evaluate`` section's left to evaluation runs) and ``compute`` (the resolved precision and layout)
-    and a readable name; a resumed one is linked to the
-    run it continues (tag :data:`CONTINUES_TAG`). A run left RUNNING that is not continued is closed as
-    KILLED."""
-    interrupted = previous.get("run_id") if previous.get("status") == "running" else None
-    if (resumed_from is not None and interrupted and previous.get("fingerprint") == fingerprint
-            and resumed_from in ("", interrupted)):
-        tracker = Tracker.resume(interrupted)
-        return tracker, tracker.last_step("train/loss")
-    for run_id in {interrupted, resumed_from} - {None, ""}:
-        close_run(run_id, "KILLED")
-    params = {k: v for k, v in params.items() if not k.startswith("evaluate.")}
-    tags = {**stage_tags("train", params_file=params_file, cache=cache), FINGERPRINT_TAG: fingerprint}
-    if resumed_from is not None:
+    While the block runs, ``run_file`` says ``running`` (so that a launcher whose processes die can close
+    the run, see :func:`close_run_file`). When the block ends without error, the ``artifacts`` declared
+    are logged (a generator is iterated only then), the file says ``finished`` (and so does ``output``, a
+    copy that is a stage's output) and the run ends FINISHED; FAILED on an exception, KILLED on a stop
+    signal (:class:`~pipelines.errors.Stopped`). ``fields`` go into the run file (e.g. the train stage's
+    fingerprint). ``tracked_until``: the last step of the training loss a continued run has logged.
+    ``StageRun()``, without a tracker or run file, is the no-op run of processes other than the main one."""
+
+    def __init__(self, tracker: Tracker | None = None, run_file: str | Path | None = None, *, experiment: str = "",
+                 fields: dict[str, Any] | None = None, output: str | Path | None = None, artifacts: Artifacts = (),
+                 tracked_until: int = 0):
+        self.tracker, self.tracked_until = tracker or Tracker(), tracked_until
+        self._run_file, self._output, self._artifacts = run_file, output, artifacts
+        self._experiment, self._fields = experiment, fields or {}
+
+    def __enter__(self) -> Tracker:
+        self._record(self._run_file, "running")
+        return self.tracker
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: Any) -> None:
+        if kind is None:
+            try:
+                for path, folder in self._artifacts:
+                    self.tracker.log_artifact(path, folder)
+            except BaseException as late:
+                self._end(type(late))
+                raise
+            self._record(self._output, "finished")
+            self._record(self._run_file, "finished")
+        self._end(kind)
+
+    def _end(self, kind: type[BaseException] | None) -> None:
+        self.tracker.finish("FINISHED" if kind is None else "KILLED" if issubclass(kind, Stopped) else "FAILED")
+
+    def _record(self, path: str | Path | None, status: str) -> None:
+        if path is not None and self._run_file is not None:
+            write_run_file(path, run_id=self.tracker.run_id, experiment=self._experiment, **self._fields,
+                           status=status)
+
+
+def open_run(stage: str, run_file: str | Path, *, experiment: str, params: dict[str, Any], params_file: str | Path,
+             cache: str | Path | None = None, compute: dict[str, str] | None = None, fingerprint: str | None = None,
+             resumed_from: str | None = None, training_run_id: str | None = None, output: str | Path | None = None,
+             artifacts: Artifacts = ()) -> StageRun:
+    """The MLflow run of ``stage`` (one of :data:`STAGES`) in ``experiment``, to use as ``with open_run(...)
+    as tracker:``; on processes other than the main one, the no-op ``StageRun()``.
+
+    It continues the run that ``run_file`` names where :func:`_run_to_continue` says so (``fingerprint``,
+    ``resumed_from``), else it starts a new one (:func:`_start`). ``output`` and ``artifacts``: see
+    :class:`StageRun`; an evaluation's run file also keeps ``training_run_id``."""
+    from .. import distributed  # imports torch: only a stage that opens its run needs it
+
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+    if not distributed.is_main_process():
+        return StageRun()
+    fields = {} if fingerprint is None else {"fingerprint": fingerprint}
+    if stage == "evaluate":
+        fields["training_run_id"] = training_run_id
+    tracked_until = 0
+    if (run_id := _run_to_continue(read_run_file(run_file), fingerprint, resumed_from)) is not None:
+        tracker = Tracker.resume(run_id)
+        if stage == "train":
+            tracked_until = tracker.last_step("train/loss")
+    else:
+        tracker = _start(stage, experiment=experiment, params=params, params_file=params_file, cache=cache,
+                         compute=compute, fingerprint=fingerprint, resumed_from=resumed_from,
+                         training_run_id=training_run_id)
+    return StageRun(tracker, run_file, experiment=experiment, fields=fields, output=output, artifacts=artifacts,
+                    tracked_until=tracked_until)
+
+
+def _run_to_continue(previous: dict[str, Any], fingerprint: str | None, resumed_from: str | None) -> str | None:
+    """The run that ``previous`` (the run file of the start before) names, if this start continues it: left
+    RUNNING with the same ``fingerprint`` by a start whose saved progress this one resumes (``resumed_from``:
+    the run that saved it, "" if the progress does not say, None if there is none, e.g. a training from
+    iteration 0). Otherwise None, and that run and the one ``resumed_from`` names are closed as KILLED if
+    they are still RUNNING (their processes were killed)."""
+    run_id = previous.get("run_id")
+    interrupted = run_id if previous.get("status") == "running" and isinstance(run_id, str) else None
+    if (resumed_from is not None and interrupted and fingerprint is not None
+            and previous.get("fingerprint") == fingerprint and resumed_from in ("", interrupted)):
+        return interrupted
+    for stale in {interrupted, resumed_from} - {None, ""}:
+        close_run(stale, "KILLED")
+    return None
+
+
+def _start(stage: str, *, experiment: str, params: dict[str, Any], params_file: str | Path,
+           cache: str | Path | None, compute: dict[str, str] | None, fingerprint: str | None,
+           resumed_from: str | None, training_run_id: str | None) -> Tracker:
+    """A new run of ``stage``: the lineage tags, the ``fingerprint``, ``params`` (dotted keys; a training
+    leaves the ``evaluate`` section to evaluation runs) and ``compute`` (the resolved precision and
+    layout), a readable name, a note and ``params_file`` as an artifact. A training that resumed another
+    run's checkpoint is linked to it (tag :data:`CONTINUES_TAG`), an evaluation to the training run whose
+    model it scores (``training_run_id``)."""
+    if stage == "train":
+        params = {k: v for k, v in params.items() if not k.startswith("evaluate.")}
+    tags = stage_tags(stage, params_file=params_file, cache=cache)
+    if fingerprint is not None:
+        tags[FINGERPRINT_TAG] = fingerprint
+    if stage == "train" and resumed_from is not None:
         tags[CONTINUES_TAG] = resumed_from or "unknown (a checkpoint without a run id)"
-    tracker = Tracker.start(experiment=experiment, params={**params, **compute}, tags=tags,
-                            run_name=run_name("train", params, baseline_params(params_file)))
-    if tracker.run_id:
-        tracker.set_tag(NOTE_TAG, training_note(tracker.run_id))
-        tracker.log_artifact(params_file)
-    return tracker, 0
-
-
-def open_evaluation_run(*, experiment: str, params: dict[str, Any], compute: dict[str, str],
-                        training_run_id: str | None, run_file: str | Path, params_file: str | Path,
-                        cache: str | Path) -> Tracker:
-    """A new evaluation run: ``params`` (dotted keys) and ``compute``, the lineage tags, linked to the
-    training run whose model it scores; a run that an earlier, killed evaluation left open in ``run_file``
-    is closed as KILLED."""
-    close_stale_run(read_run_file(run_file))
-    tags = stage_tags("evaluate", params_file=params_file, cache=cache)
     if training_run_id:
         tags[TRAINING_RUN_TAG] = training_run_id
-    tracker = Tracker.start(experiment=experiment, params={**params, **compute}, tags=tags,
-                            run_name=run_name("evaluate", params, baseline_params(params_file),
-                                             first=("evaluate.",)))
+    tracker = Tracker.start(experiment=experiment, params={**params, **(compute or {})}, tags=tags,
+                            run_name=run_name(stage, params, baseline_params(params_file), first=_NAME_FIRST[stage]))
     if tracker.run_id:
-        tracker.set_tag(NOTE_TAG, evaluation_note(training_run_id, tracker.experiment_id))
-        tracker.log_artifact(params_file)
-    return tracker
-
-
-def open_search_run(*, experiment: str, params: dict[str, Any], fingerprint: str, previous: dict[str, Any],
-                    params_file: str | Path) -> Tracker:
-    """The parent MLflow run of a policy search: the run of the start before (``previous``, its run file)
-    continued where it was left RUNNING with the same fingerprint, else a new one (the other closed as KILLED)."""
-    interrupted = previous.get("run_id") if previous.get("status") == "running" else None
-    if interrupted and previous.get("fingerprint") == fingerprint:
-        return Tracker.resume(interrupted)
-    if interrupted:
-        close_run(interrupted, "KILLED")
-    tags = {**stage_tags("search", params_file=params_file, cache=None), FINGERPRINT_TAG: fingerprint}
-    tracker = Tracker.start(experiment=experiment, params=params, tags=tags,
-                            run_name=run_name("search", params, baseline_params(params_file), first=("search.",)))
-    if tracker.run_id:
+        if stage == "train":
+            tracker.set_tag(NOTE_TAG, training_note(tracker.run_id))
+        elif stage == "evaluate":
+            tracker.set_tag(NOTE_TAG, evaluation_note(training_run_id, tracker.experiment_id))
         tracker.log_artifact(params_file)
     return tracker

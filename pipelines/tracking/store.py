@@ -11,11 +11,11 @@ that it could end:
 
 * Every store call runs in a worker thread that the stage waits on for at most
   :data:`CALL_TIMEOUT` seconds (10 s), an artifact's upload one second more per :data:`ARTIFACT_RATE`
-  bytes (2 MB: 86 s for a 152 MB checkpoint). The call itself is made to end sooner: for HTTP stores the
+  bytes (2 MB). The call itself is made to end sooner: for HTTP stores the
   process environment gets ``MLFLOW_HTTP_REQUEST_TIMEOUT=4``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``,
   ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1`` and ``MLFLOW_HTTP_REQUEST_BACKOFF_JITTER=0`` unless the
   user set them (a refused connection then fails at once, a server that never answers after 2 x 4 s;
-  MLflow's defaults retry for 263 s); for SQLite stores MLflow's own per-session ``PRAGMA
+  MLflow's defaults retry for minutes); for SQLite stores MLflow's own per-session ``PRAGMA
   busy_timeout = 20000`` is lowered to :data:`SQLITE_BUSY_TIMEOUT` (8 s) for this store's database, so a
   call on a locked database fails by itself with "database is locked" after 8 s (opening the store
   on a locked database fails after sqlite3's default 5 s). A call still running at its deadline (a
@@ -38,14 +38,8 @@ Bound: on an unreachable or locked store a stage waits for at most two failed ca
 offline and one in the retry at :meth:`Tracker.finish`, each at most :data:`CALL_TIMEOUT` (an artifact's
 call: its upload bound): 20 s in all without artifacts, whatever the length of the training, plus one
 failed call per :data:`RECONNECT_INTERVAL` of outage while the stage runs (plus, once per process, up to :data:`OPEN_TIMEOUT` if
-opening the store hangs rather than fails). Measured on the 2-core development machine with the
-defaults, for start, 5 x log_metrics (35 values), 2 x log_artifact, finish:
-
-* connection refused: 0.05 s per failed call; 0.05 s for the whole sequence;
-* a server that accepts and never answers: 8.0 s per failed call; 8.0 s for the sequence when
-  ``start`` fails, 16.0 s when the run was created (resume) and finish retries;
-* SQLite under ``BEGIN EXCLUSIVE``: 8.0 s per failed call; 16.1 s when the lock comes during the
-  run, 8.0 s when it is there at start (6.6 s if the process first opens the store under the lock).
+opening the store hangs rather than fails). A refused connection fails at once; a silent server or a
+locked SQLite database fails each call after its HTTP or busy timeout, below :data:`CALL_TIMEOUT`.
 
 A store that answers, however slowly, is waited on call by call (each at most ``CALL_TIMEOUT``).
 MLflow's own log records and tracebacks from these calls are kept off the terminal (the warning
@@ -64,6 +58,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import TrackingError, first_line
+from .wording import NO_ANSWER, plural, reason
 
 log = logging.getLogger("pipelines.tracking")
 
@@ -84,7 +79,7 @@ below :data:`CALL_TIMEOUT`, so that the call ends, with the reason, before the s
 OPEN_TIMEOUT = 30.0
 """Seconds a stage waits for MLflow to open the store, once per process. Making the client of an HTTP
 store sends nothing; opening a locked SQLite database fails by itself after 5 s; creating a new one
-runs MLflow's schema migrations (about 6 s here), which must not be cut short."""
+runs MLflow's schema migrations, which must not be cut short."""
 
 HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "4",
@@ -93,11 +88,10 @@ HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
 }
 """MLflow's HTTP knobs, set in the process environment unless the user set them (MLflow's defaults
-retry 7 times with exponential backoff and wait 120 s per request: 263 s on a refused connection)."""
+retry 7 times with exponential backoff and wait 120 s per request: minutes on a refused connection)."""
 
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
 _THREAD_NAME = "mlflow-tracking-call"
-
 
 
 def repo_root() -> Path:
@@ -112,9 +106,6 @@ def repo_root() -> Path:
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
-
-
-_default_tracking_uri = tracking_uri  # close_run's keyword argument shadows the name
 
 
 def artifact_location(experiment: str, uri: str | None = None) -> str | None:
@@ -172,7 +163,7 @@ class Attempt:
     def wait(self, timeout: float) -> Any:
         """The call's result; its exception, or :class:`NoAnswer` if it has not ended in ``timeout`` s."""
         if not self.ended.wait(max(timeout, 0.0)):
-            raise NoAnswer(f"no answer within {timeout:g} s")
+            raise NoAnswer(f"{NO_ANSWER} {timeout:g} s")
         if self.error is not None:
             raise self.error
         return self.result
@@ -254,22 +245,6 @@ def refused_credentials(err: BaseException) -> bool:
     return err.get_http_status_code() in (401, 403) or bool(re.search(r"error code 40[13]\b", str(err)))
 
 
-def reason(err: BaseException) -> str:
-    """What is wrong with the store, in a few words, for the warning."""
-    text = str(err)
-    if isinstance(err, NoAnswer):
-        return f"not answering ({err})"
-    if "database is locked" in text or "database table is locked" in text:
-        return "locked"
-    if re.search(r"timed out|timeout", text, re.IGNORECASE):
-        return "not answering (timed out)"
-    if re.search(r"refused|Max retries exceeded|Failed to establish|Name or service not known|NameResolution"
-                 r"|unable to open database|Connection (aborted|reset)", text, re.IGNORECASE):
-        return "unreachable"
-    first = first_line(err, 200)
-    return f"failing ({type(err).__name__}: {first})" if first else f"failing ({type(err).__name__})"
-
-
 def open_client(uri: str, timeout: float):
     """An ``MlflowClient`` for ``uri``, made within ``timeout`` (making it opens, maybe creates, the store)."""
     _prepare(uri)
@@ -286,8 +261,8 @@ def open_client(uri: str, timeout: float):
 def _open_sqlite_file(uri: str) -> None:
     """Open (and so create, as MLflow would) a SQLite store's file once, to fail at once where it cannot be
     opened at all (a read-only folder without the database, a folder in its place, no permission): MLflow
-    retries that 9 times with growing sleeps (100 s), so the stage would wait out ``OPEN_TIMEOUT``
-    (measured: 31 s for a read-only folder), past the documented bound. A locked database opens."""
+    retries that 9 times with growing sleeps (100 s), so the stage would wait out ``OPEN_TIMEOUT``, past
+    the documented bound. A locked database opens."""
     if uri.startswith("sqlite:///"):
         import sqlite3
 
@@ -314,20 +289,20 @@ def _store_creation_lock(uri: str):
         os.close(fd)  # releases the lock
 
 
-def close_run(run_id: str, status: str, *, tracking_uri: str | None = None) -> bool:
+def close_run(run_id: str, status: str, *, uri: str | None = None) -> bool:
     """Set run ``run_id`` to ``status`` (FAILED or KILLED; FINISHED is accepted too) if it is still RUNNING.
 
     For a run whose owning process was killed. Returns whether it changed the status. Waits at most
-    :data:`CALL_TIMEOUT` on the store (plus :data:`OPEN_TIMEOUT` if opening it hangs; measured: 0.01 s
-    when refused, 8 s when silent or locked) and never raises for store problems (one warning line
-    instead); a ``status`` that is not a terminal run status raises ValueError.
+    :data:`CALL_TIMEOUT` on the store (plus :data:`OPEN_TIMEOUT` if opening it hangs) and never raises
+    for store problems (one warning line instead); a ``status`` that is not a terminal run status raises
+    ValueError.
     """
     status = str(status).upper()
     if status not in RUN_STATUSES:
         raise ValueError(f"status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
     if not run_id:
         return False
-    uri = tracking_uri or _default_tracking_uri()
+    uri = uri or tracking_uri()
     try:
         client = open_client(uri, OPEN_TIMEOUT)
 
@@ -345,7 +320,6 @@ def close_run(run_id: str, status: str, *, tracking_uri: str | None = None) -> b
             log.warning("MLflow store %s %s: run %s was not marked %s", uri, reason(err), run_id, status)
         log.debug("close_run(%s) failed", run_id, exc_info=True)
         return False
-
 
 
 # --- bounded reads, for the lineage command ----------------------------------------------------------
@@ -389,8 +363,3 @@ def store_status(uri: str | None = None) -> str:
     if experiments is None:
         return f"{uri} refuses this client (see the warning above)"
     return f"{uri} answers ({plural(len(experiments), 'experiment')})"
-
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")

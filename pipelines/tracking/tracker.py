@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import threading
@@ -13,17 +14,30 @@ from typing import Any, Callable
 
 from ..errors import TrackingError, first_line
 from . import lineage, store
+from .wording import plural, reason
 
 log = logging.getLogger("pipelines.tracking")
 _BATCH_METRICS = 1000  # MLflow's limits per log_batch
 _BATCH_PARAMS = 100
 
 
+class _Kind(enum.StrEnum):
+    """What a logging request does."""
+
+    PARAMS = "params"
+    METRICS = "metrics"
+    TAG = "tag"
+    ARTIFACT = "artifact"
+    TEXT = "text"
+    REOPEN = "reopen"
+    STATUS = "status"
+
+
 @dataclass(eq=False)
 class _Op:
     """One logging request: kept until the store has it."""
 
-    kind: str  # params | metrics | tag | artifact | text | reopen | status
+    kind: _Kind
     args: tuple
     count: int = 1
     name: str = ""
@@ -33,7 +47,7 @@ class _Op:
     @property
     def timeout(self) -> float:
         """Seconds the stage waits on this call: ``store.CALL_TIMEOUT``, and for an artifact also its upload at
-        ``store.ARTIFACT_RATE`` (a 152 MB checkpoint through a tracking server: 86 s)."""
+        ``store.ARTIFACT_RATE`` (a checkpoint through a tracking server on a slow link)."""
         return store.CALL_TIMEOUT + self.size / store.ARTIFACT_RATE
 
     @property
@@ -49,25 +63,25 @@ def _apply(client, run_id: str, ops: list[_Op]) -> None:
     """Send ``ops`` (consecutive metric values merged into batches) to the store."""
     import mlflow
 
-    if ops[0].kind == "metrics":
+    if ops[0].kind is _Kind.METRICS:
         metrics = [m for op in ops for m in op.args[0]]
         for i in range(0, len(metrics), _BATCH_METRICS):
             client.log_batch(run_id, metrics=metrics[i : i + _BATCH_METRICS])
         return
     (op,) = ops
-    if op.kind == "params":
+    if op.kind is _Kind.PARAMS:
         items = [mlflow.entities.Param(k, v) for k, v in op.args[0]]
         for i in range(0, len(items), _BATCH_PARAMS):
             client.log_batch(run_id, params=items[i : i + _BATCH_PARAMS])
-    elif op.kind == "tag":
+    elif op.kind is _Kind.TAG:
         client.set_tag(run_id, *op.args)
-    elif op.kind == "artifact":
+    elif op.kind is _Kind.ARTIFACT:
         client.log_artifact(run_id, *op.args)
-    elif op.kind == "text":
+    elif op.kind is _Kind.TEXT:
         client.log_text(run_id, *op.args)
-    elif op.kind == "reopen":
+    elif op.kind is _Kind.REOPEN:
         client.update_run(run_id, status="RUNNING")
-    elif op.kind == "status":
+    elif op.kind is _Kind.STATUS:
         client.set_terminated(run_id, status=op.args[0], end_time=op.args[1])
     else:
         raise AssertionError(op.kind)
@@ -75,25 +89,25 @@ def _apply(client, run_id: str, ops: list[_Op]) -> None:
 
 def _describe(ops: list[_Op]) -> tuple[str, bool]:
     """``"35 metric values, 2 artifacts (a, b) and the run status"`` and whether it is plural."""
-    count = lambda *kinds: sum(op.count for op in ops if op.kind in kinds)  # noqa: E731
-    names = [op.name for op in ops if op.kind in ("artifact", "text")]
+    count = lambda kind: sum(op.count for op in ops if op.kind is kind)  # noqa: E731
+    names = [op.name for op in ops if op.kind in (_Kind.ARTIFACT, _Kind.TEXT)]
     parts = []
-    if n := count("params"):
-        parts.append(store.plural(n, "param"))
-    if n := count("metrics"):
-        parts.append(store.plural(n, "metric value"))
-    if n := count("tag"):
-        parts.append(store.plural(n, "tag"))
+    if n := count(_Kind.PARAMS):
+        parts.append(plural(n, "param"))
+    if n := count(_Kind.METRICS):
+        parts.append(plural(n, "metric value"))
+    if n := count(_Kind.TAG):
+        parts.append(plural(n, "tag"))
     if names:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        parts.append(f"{store.plural(len(names), 'artifact')} ({shown})")
-    if statuses := [op.args[0] for op in ops if op.kind == "status"]:
+        parts.append(f"{plural(len(names), 'artifact')} ({shown})")
+    if statuses := [op.args[0] for op in ops if op.kind is _Kind.STATUS]:
         parts.append(f"the run status {statuses[-1]}")
     if not parts:
         return "the run's reopening", False
     text = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
-    plural = len(parts) > 1 or (bool(parts) and not parts[0].startswith(("1 ", "the ")))
-    return text, plural
+    many = len(parts) > 1 or (bool(parts) and not parts[0].startswith(("1 ", "the ")))
+    return text, many
 
 
 class Tracker:
@@ -126,11 +140,6 @@ class Tracker:
     def active(self) -> bool:
         return self.run_id is not None
 
-    @property
-    def offline(self) -> bool:
-        """True after a store failure: calls are kept for :meth:`finish` instead of being sent."""
-        return self._offline
-
     # construction
 
     @classmethod
@@ -162,9 +171,9 @@ class Tracker:
             tracker._offline, tracker._error = True, err
             log.debug("creating the MLflow run failed", exc_info=True)
             log.warning("MLflow store %s %s: this run is not tracked (no MLflow run was created; its params, "
-                        "metrics, artifacts and status are not recorded)", tracker.uri, store.reason(err))
+                        "metrics, artifacts and status are not recorded)", tracker.uri, reason(err))
             return tracker
-        tracker._submit(_Op("params", ([(k, str(v)) for k, v in params.items()],), count=len(params)))
+        tracker._submit(_Op(_Kind.PARAMS, ([(k, str(v)) for k, v in params.items()],), count=len(params)))
         log.info("MLflow run %s in experiment %r at %s", tracker.run_id, experiment, tracker.uri)
         return tracker
 
@@ -201,7 +210,7 @@ class Tracker:
         A run the store does not have: an offline tracker with ``run_id`` None and one warning. A store
         that fails: the tracker keeps ``run_id``, goes offline and :meth:`finish` retries what was logged."""
         tracker = cls(run_id)
-        reopen = _Op("reopen", (), count=0)
+        reopen = _Op(_Kind.REOPEN, (), count=0)
         tracker._kept.append(reopen)  # kept in order, so that a late RUNNING never follows the final status
         try:
             client = tracker._get_client()
@@ -227,22 +236,22 @@ class Tracker:
         for key in metrics:
             self._steps[key] = max(self._steps.get(key, step), step)
         if values:
-            self._submit(_Op("metrics", (values,), count=len(values)))
+            self._submit(_Op(_Kind.METRICS, (values,), count=len(values)))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         if self.active and self._exists(path):
             name = "/".join(filter(None, [artifact_path, Path(path).name]))
             files = [Path(path)] if Path(path).is_file() else [f for f in Path(path).rglob("*") if f.is_file()]
             size = sum(f.stat().st_size for f in files)
-            self._submit(_Op("artifact", (str(path), artifact_path), name=name, size=size))
+            self._submit(_Op(_Kind.ARTIFACT, (str(path), artifact_path), name=name, size=size))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.active:
-            self._submit(_Op("text", (text, artifact_file), name=artifact_file))
+            self._submit(_Op(_Kind.TEXT, (text, artifact_file), name=artifact_file))
 
     def set_tag(self, key: str, value: str) -> None:
         if self.active:
-            self._submit(_Op("tag", (key, value)))
+            self._submit(_Op(_Kind.TAG, (key, value)))
 
     def last_step(self, key: str) -> int:
         """The largest step logged for metric ``key`` in this run (0 if none, or if offline and this
@@ -275,16 +284,16 @@ class Tracker:
         if not self.active or self._finished:
             return
         self._finished = True
-        self._kept.append(_Op("status", (status, int(time.time() * 1000))))
+        self._kept.append(_Op(_Kind.STATUS, (status, int(time.time() * 1000))))
         if self._offline:
             log.debug("retrying %d kept MLflow calls", len(self._kept))
         if not self._unknown_steps or self._drop_logged_steps():
             self._flush(retry=True)
         self._kept = [op for op in self._kept if not op.recorded]
         if self._kept:
-            what, plural = _describe(self._kept)
+            what, many = _describe(self._kept)
             log.warning("MLflow store %s %s: %s %s not recorded (run %s)", self.uri,
-                        store.reason(self._error) if self._error else "failing", what, "were" if plural else "was",
+                        reason(self._error) if self._error else "failing", what, "were" if many else "was",
                         self.run_id)
 
     # internals
@@ -294,7 +303,7 @@ class Tracker:
         as a resumed training re-logs them all) at steps the store already has. False if the store
         failed (one call, at most ``store.CALL_TIMEOUT``)."""
         run_id = self.run_id
-        keys = sorted({m.key for op in self._kept if op.kind == "metrics" for m in op.args[0]})
+        keys = sorted({m.key for op in self._kept if op.kind is _Kind.METRICS for m in op.args[0]})
 
         def logged(client) -> dict[str, int]:
             steps = {k: [m.step for m in client.get_metric_history(run_id, k)] for k in keys}
@@ -307,7 +316,7 @@ class Tracker:
             return self._refused(err, "asking for the logged steps")
         self._unknown_steps.clear()
         for op in list(self._kept):
-            if op.kind == "metrics" and not op.in_flight and not op.recorded:
+            if op.kind is _Kind.METRICS and not op.in_flight and not op.recorded:
                 values = [m for m in op.args[0] if m.step > last.get(m.key, -1 << 62)]
                 if len(values) < op.count:
                     log.debug("dropping %d kept metric values at steps the store has", op.count - len(values))
@@ -354,7 +363,7 @@ class Tracker:
         was_online, self._offline = not self._offline and not self._reconnecting, True
         if was_online:
             log.info("MLflow store %s %s: tracking goes on offline, and what it keeps is retried when the stage "
-                     "ends", self.uri, store.reason(err))
+                     "ends", self.uri, reason(err))
 
     def _submit(self, op: _Op) -> None:
         self._kept.append(op)
@@ -411,9 +420,9 @@ class Tracker:
                 except Exception:  # it failed meanwhile: send it again below
                     pass
             group, size = [op], op.count
-            while op.kind == "metrics" and i + len(group) < len(self._kept):  # one log_batch for many calls
+            while op.kind is _Kind.METRICS and i + len(group) < len(self._kept):  # one log_batch for many calls
                 nxt = self._kept[i + len(group)]
-                if nxt.kind != "metrics" or nxt.attempt is not None or size + nxt.count > _BATCH_METRICS:
+                if nxt.kind is not _Kind.METRICS or nxt.attempt is not None or size + nxt.count > _BATCH_METRICS:
                     break
                 group.append(nxt)
                 size += nxt.count
