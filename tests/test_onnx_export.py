@@ -204,6 +204,11 @@ def test_nms_is_torchvisions(count, ties):
             np.testing.assert_array_equal(found, expected)
         np.testing.assert_array_equal(postprocess.nms(boxes, scores, threshold),
                                       nms(torch.from_numpy(boxes), torch.from_numpy(scores), threshold).numpy())
+        for cut in (1, 25, 100):  # stopping early keeps the same first boxes
+            np.testing.assert_array_equal(postprocess.batched_nms(boxes, scores, labels, threshold, max_keep=cut),
+                                          found[:cut])
+    for k in (0, 1, 7, 100, count, count + 5):
+        np.testing.assert_array_equal(postprocess.top_order(scores, k), np.argsort(-scores, kind="stable")[:k])
 
 
 def test_predict_gives_original_pixels(runtime, tmp_path):

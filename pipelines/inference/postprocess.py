@@ -110,23 +110,41 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
         return np.float32(1) / (np.float32(1) + np.exp(-x))
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
+def top_order(scores: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Indices of the ``k`` best ``scores`` (all if None), best first, equal scores in index order: the
+    first ``k`` of a stable descending sort, without sorting all of them."""
+    if k is None or k >= len(scores):
+        return np.argsort(-scores, kind="stable")
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    kth = np.partition(scores, len(scores) - k)[len(scores) - k]  # the k-th best value
+    above = np.flatnonzero(scores > kth)
+    chosen = np.concatenate([above, np.flatnonzero(scores == kth)[: k - len(above)]])
+    return chosen[np.argsort(-scores[chosen], kind="stable")]
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float, *, max_keep: int | None = None) -> np.ndarray:
     """``torchvision.ops.nms`` on the CPU: greedy, best score first (a stable sort: ties in input order),
     dropping every later box whose IoU with a kept one is above ``iou_threshold``; float32 arithmetic in
-    the kernel's order, the threshold compared in float64. Returns the kept indices, int64, best first."""
-    if len(boxes) == 0:
+    the kernel's order, the threshold compared in float64. Returns the kept indices, int64, best first;
+    with ``max_keep``, only the first ``max_keep`` of them (the same ones: a greedy NMS decides each box
+    from the better ones alone)."""
+    if len(boxes) == 0 or max_keep == 0:
         return np.zeros(0, np.int64)
     x1, y1, x2, y2 = (boxes[:, k] for k in range(4))
     areas = (x2 - x1) * (y2 - y1)
     order = np.argsort(-scores, kind="stable")
     suppressed = np.zeros(len(boxes), dtype=bool)
-    keep = []
+    threshold = np.float64(iou_threshold)  # a float64 scalar: the float32 overlaps are compared in float64
     zero = np.float32(0)
+    keep = []
     with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 for empty boxes: NaN, never above the threshold
         for position, i in enumerate(order):
             if suppressed[i]:
                 continue
             keep.append(i)
+            if len(keep) == max_keep:
+                break
             rest = order[position + 1:]
             rest = rest[~suppressed[rest]]
             if len(rest) == 0:
@@ -134,27 +152,28 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarr
             w = np.maximum(zero, np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]))
             h = np.maximum(zero, np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]))
             inter = w * h
-            overlap = inter / (areas[i] + areas[rest] - inter)
-            suppressed[rest[overlap.astype(np.float64) > iou_threshold]] = True
+            suppressed[rest[inter / (areas[i] + areas[rest] - inter) > threshold]] = True
     return np.asarray(keep, dtype=np.int64)
 
 
-def batched_nms(boxes: np.ndarray, scores: np.ndarray, idxs: np.ndarray, iou_threshold: float) -> np.ndarray:
+def batched_nms(boxes: np.ndarray, scores: np.ndarray, idxs: np.ndarray, iou_threshold: float, *,
+                max_keep: int | None = None) -> np.ndarray:
     """``torchvision.ops.batched_nms`` on the CPU: NMS within each class ``idxs``; the kept indices,
     int64, best first. Like torchvision, up to 1000 boxes go through one NMS with the boxes of each class
     shifted apart (the same float32 shifts: the same result, ties included), more through one NMS per class
-    merged by score (equal scores then in index order, torchvision's in its unstable sort's order)."""
+    merged by score (equal scores then in index order, torchvision's in its unstable sort's order).
+    ``max_keep``: only the first ``max_keep`` kept indices (the same ones, found sooner)."""
     if len(boxes) == 0:
         return np.zeros(0, np.int64)
     if boxes.size > _VANILLA_ABOVE:
         keep_mask = np.zeros(len(scores), dtype=bool)
         for class_id in np.unique(idxs):
             members = np.flatnonzero(idxs == class_id)
-            keep_mask[members[nms(boxes[members], scores[members], iou_threshold)]] = True
+            keep_mask[members[nms(boxes[members], scores[members], iou_threshold, max_keep=max_keep)]] = True
         kept = np.flatnonzero(keep_mask)
-        return kept[np.argsort(-scores[kept], kind="stable")]
+        return kept[np.argsort(-scores[kept], kind="stable")][:max_keep]
     offsets = idxs.astype(boxes.dtype) * (boxes.max() + boxes.dtype.type(1))
-    return nms(boxes + offsets[:, None], scores, iou_threshold)
+    return nms(boxes + offsets[:, None], scores, iou_threshold, max_keep=max_keep)
 
 
 def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.ndarray],
@@ -192,7 +211,7 @@ def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.nd
             scores = np.sqrt(_sigmoid(logits) * _sigmoid(ctrness)).reshape(-1)
             candidates = np.flatnonzero(scores > thresholds.score_thresh)
             scores = scores[candidates]
-            best = np.argsort(-scores, kind="stable")[: thresholds.topk_candidates]
+            best = top_order(scores, thresholds.topk_candidates)
             scores, candidates = scores[best], candidates[best]
             anchor_idxs, labels = candidates // num_classes, candidates % num_classes
             boxes = clip_boxes(decode_boxes(regression[anchor_idxs], level_anchor[anchor_idxs]), image_size)
@@ -202,6 +221,6 @@ def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.nd
         boxes = np.concatenate(all_boxes).astype(np.float32, copy=False)
         scores = np.concatenate(all_scores).astype(np.float32, copy=False)
         labels = np.concatenate(all_labels).astype(np.int64, copy=False)
-        keep = batched_nms(boxes, scores, labels, thresholds.nms_thresh)[: thresholds.detections_per_img]
+        keep = batched_nms(boxes, scores, labels, thresholds.nms_thresh, max_keep=thresholds.detections_per_img)
         results.append(Detections(boxes[keep], scores[keep], labels[keep]))
     return results
