@@ -256,3 +256,19 @@ def test_an_onnx_file_without_the_card_is_refused(exported, tmp_path):
     for read in (model_card.read_card, lambda p: OnnxDetector(p, threads=1)):
         with pytest.raises(CheckpointError, match=rf"^{text}: not a readable ONNX file|^{text}: ONNX Runtime cannot"):
             read(text)
+
+
+def test_a_bf16_channels_last_model_exports_as_fp32(trained):
+    """Whatever precision and layout training used, the exported network is the fp32 one, contiguous; the
+    card says how it was trained."""
+    mixed = build_detector(num_classes=len(CATEGORIES), **TINY, precision="bf16", channels_last=True)
+    mixed.load_state_dict(trained.state_dict())
+    network = onnx_export.ExportedNetwork(mixed)
+    assert all(p.dtype == torch.float32 and p.is_contiguous() for p in network.parameters())
+    images = torch.randint(0, 256, (1, 3, 128, 160), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        for found, expected in zip(network(images), onnx_export.ExportedNetwork(trained)(images)):
+            torch.testing.assert_close(found, expected, rtol=0, atol=0)
+    card = onnx_export.card_for(mixed, categories=CATEGORIES, min_size_test=320, max_size_test=416,
+                                size_divisibility=32, max_image_pixels=10**7, opset=20)
+    assert card.trained_precision == "bf16" and card.precision == "fp32"
