@@ -1,0 +1,226 @@
+"""FCOS post-processing in numpy, with torchvision's semantics: from the exported network's per-level
+head outputs to boxes, scores and labels.
+
+It follows ``torchvision.models.detection.FCOS.postprocess_detections`` step by step, in float32:
+per level, scores ``sqrt(sigmoid(cls) * sigmoid(centerness))``, those above ``score_thresh``, the
+best ``topk_candidates``, boxes decoded from the level's anchors (``BoxLinearCoder`` with
+``normalize_by_size``) and clipped to the image; then over all levels class-wise NMS at
+``nms_thresh`` (:func:`batched_nms`, as ``torchvision.ops.batched_nms`` computes it, ties included)
+and the best ``detections_per_img``.
+
+Equal scores are the one place where the order can differ: torchvision's top-k and its per-class NMS
+(above 1000 candidates) leave equal scores in the order of a partial or unstable sort, which is not
+reproduced here (a stable order is used); its NMS itself sorts stably, and so does :func:`nms`. Real
+network outputs rarely tie exactly; where they do, the detections at a cut (``topk_candidates``,
+``detections_per_img``) may be other members of the tie.
+
+The anchors are computed from shapes as torchvision's ``AnchorGenerator`` computes them for FCOS: one
+per feature-map location, a square of the level's anchor size centred on ``(x, y) * stride``, where a
+level's stride is the padded batch's size divided (floor) by the feature map's size (so not always
+a power of two: a 320-pixel side has a 3-cell top level, stride 106).
+
+This module imports neither torch nor torchvision (an import-linter contract holds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# torchvision.ops.batched_nms switches from the coordinate trick to per-class NMS above this many
+# box coordinates on the CPU: the two differ in tie order, so the same switch is made here.
+_VANILLA_ABOVE = 4000
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """FCOS's post-processing settings (``model.score_thresh`` etc., or the model card's)."""
+
+    score_thresh: float
+    nms_thresh: float
+    topk_candidates: int
+    detections_per_img: int
+
+
+@dataclass
+class Detections:
+    """One image's detections, best first: ``boxes`` float32 ``[K, 4]`` (x1, y1, x2, y2), ``scores``
+    float32 ``[K]``, ``labels`` int64 ``[K]`` (contiguous indices into the model's categories)."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    labels: np.ndarray
+
+    @classmethod
+    def empty(cls) -> Detections:
+        return cls(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def scaled(self, sx: float, sy: float) -> Detections:
+        """The boxes scaled by ``sx`` horizontally and ``sy`` vertically (from the resized image back to
+        the original, as evaluation scales them)."""
+        factor = np.array([sx, sy, sx, sy], dtype=np.float32)
+        return Detections(self.boxes * factor, self.scores, self.labels)
+
+
+def level_anchors(grid: tuple[int, int], stride: tuple[int, int], size: int) -> np.ndarray:
+    """The anchors of one level, float32 ``[h * w, 4]`` in row-major location order: squares of side
+    ``size`` (rounded as torchvision rounds them) centred on ``(x * stride_w, y * stride_h)``."""
+    height, width = grid
+    half = np.round(np.array([-size, -size, size, size], dtype=np.float32) / 2)
+    shift_x = np.arange(width, dtype=np.int64) * stride[1]
+    shift_y = np.arange(height, dtype=np.int64) * stride[0]
+    ys, xs = np.meshgrid(shift_y, shift_x, indexing="ij")
+    xs, ys = xs.reshape(-1), ys.reshape(-1)
+    shifts = np.stack([xs, ys, xs, ys], axis=1).astype(np.float32)
+    return shifts + half
+
+
+def level_strides(padded_size: tuple[int, int], grids: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Each level's stride, as ``AnchorGenerator`` computes it: the padded batch's size // the grid's."""
+    return [(padded_size[0] // h, padded_size[1] // w) for h, w in grids]
+
+
+def decode_boxes(rel_codes: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+    """``BoxLinearCoder(normalize_by_size=True).decode``: distances to the four sides, in units of the
+    anchor's size, from the anchor's centre."""
+    ctr_x = np.float32(0.5) * (anchors[:, 0] + anchors[:, 2])
+    ctr_y = np.float32(0.5) * (anchors[:, 1] + anchors[:, 3])
+    width = anchors[:, 2] - anchors[:, 0]
+    height = anchors[:, 3] - anchors[:, 1]
+    codes = rel_codes * np.stack([width, height, width, height], axis=1)
+    return np.stack([ctr_x - codes[:, 0], ctr_y - codes[:, 1], ctr_x + codes[:, 2], ctr_y + codes[:, 3]], axis=1)
+
+
+def clip_boxes(boxes: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+    """Boxes clipped to an image of ``(height, width)``."""
+    height, width = image_size
+    out = boxes.copy()
+    out[:, 0::2] = np.clip(out[:, 0::2], 0, width)
+    out[:, 1::2] = np.clip(out[:, 1::2], 0, height)
+    return out
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # exp of a large negative logit overflows to inf: the sigmoid is then 0
+        return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+def top_order(scores: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Indices of the ``k`` best ``scores`` (all if None), best first, equal scores in index order: the
+    first ``k`` of a stable descending sort, without sorting all of them."""
+    if k is None or k >= len(scores):
+        return np.argsort(-scores, kind="stable")
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    kth = np.partition(scores, len(scores) - k)[len(scores) - k]  # the k-th best value
+    above = np.flatnonzero(scores > kth)
+    chosen = np.concatenate([above, np.flatnonzero(scores == kth)[: k - len(above)]])
+    return chosen[np.argsort(-scores[chosen], kind="stable")]
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float, *, max_keep: int | None = None) -> np.ndarray:
+    """``torchvision.ops.nms`` on the CPU: greedy, best score first (a stable sort: ties in input order),
+    dropping every later box whose IoU with a kept one is above ``iou_threshold``; float32 arithmetic in
+    the kernel's order, the threshold compared in float64. Returns the kept indices, int64, best first;
+    with ``max_keep``, only the first ``max_keep`` of them (the same ones: a greedy NMS decides each box
+    from the better ones alone)."""
+    if len(boxes) == 0 or max_keep == 0:
+        return np.zeros(0, np.int64)
+    x1, y1, x2, y2 = (boxes[:, k] for k in range(4))
+    areas = (x2 - x1) * (y2 - y1)
+    order = np.argsort(-scores, kind="stable")
+    suppressed = np.zeros(len(boxes), dtype=bool)
+    threshold = np.float64(iou_threshold)  # a float64 scalar: the float32 overlaps are compared in float64
+    zero = np.float32(0)
+    keep = []
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 for empty boxes: NaN, never above the threshold
+        for position, i in enumerate(order):
+            if suppressed[i]:
+                continue
+            keep.append(i)
+            if len(keep) == max_keep:
+                break
+            rest = order[position + 1:]
+            rest = rest[~suppressed[rest]]
+            if len(rest) == 0:
+                break
+            w = np.maximum(zero, np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]))
+            h = np.maximum(zero, np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]))
+            inter = w * h
+            suppressed[rest[inter / (areas[i] + areas[rest] - inter) > threshold]] = True
+    return np.asarray(keep, dtype=np.int64)
+
+
+def batched_nms(boxes: np.ndarray, scores: np.ndarray, idxs: np.ndarray, iou_threshold: float, *,
+                max_keep: int | None = None) -> np.ndarray:
+    """``torchvision.ops.batched_nms`` on the CPU: NMS within each class ``idxs``; the kept indices,
+    int64, best first. Like torchvision, up to 1000 boxes go through one NMS with the boxes of each class
+    shifted apart (the same float32 shifts: the same result, ties included), more through one NMS per class
+    merged by score (equal scores then in index order, torchvision's in its unstable sort's order).
+    ``max_keep``: only the first ``max_keep`` kept indices (the same ones, found sooner)."""
+    if len(boxes) == 0:
+        return np.zeros(0, np.int64)
+    if boxes.size > _VANILLA_ABOVE:
+        keep_mask = np.zeros(len(scores), dtype=bool)
+        for class_id in np.unique(idxs):
+            members = np.flatnonzero(idxs == class_id)
+            keep_mask[members[nms(boxes[members], scores[members], iou_threshold, max_keep=max_keep)]] = True
+        kept = np.flatnonzero(keep_mask)
+        return kept[np.argsort(-scores[kept], kind="stable")][:max_keep]
+    offsets = idxs.astype(boxes.dtype) * (boxes.max() + boxes.dtype.type(1))
+    return nms(boxes + offsets[:, None], scores, iou_threshold, max_keep=max_keep)
+
+
+def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.ndarray],
+               bbox_ctrness: Sequence[np.ndarray], *, padded_size: tuple[int, int],
+               image_sizes: Sequence[tuple[int, int]], anchor_sizes: Sequence[int],
+               thresholds: Thresholds) -> list[Detections]:
+    """FCOS's detections for a batch, from the network's outputs.
+
+    Args:
+        cls_logits, bbox_regression, bbox_ctrness: per level (finest first), float32 arrays
+            ``[N, h, w, classes]``, ``[N, h, w, 4]`` and ``[N, h, w, 1]``, as the exported graph returns them.
+        padded_size: ``(height, width)`` of the padded batch the network saw.
+        image_sizes: ``(height, width)`` of each image in it before padding (boxes are clipped to it).
+        anchor_sizes: each level's anchor size (the model card's ``anchor_sizes``).
+        thresholds: the post-processing settings.
+
+    Returns:
+        One :class:`Detections` per image, in the coordinates of the (resized, unpadded) image.
+    """
+    levels = len(anchor_sizes)
+    if not len(cls_logits) == len(bbox_regression) == len(bbox_ctrness) == levels:
+        raise ValueError(f"expected {levels} levels of outputs, got {len(cls_logits)}, {len(bbox_regression)}, "
+                         f"{len(bbox_ctrness)}")
+    grids = [tuple(c.shape[1:3]) for c in cls_logits]
+    anchors = [level_anchors(grid, stride, size)
+               for grid, stride, size in zip(grids, level_strides(padded_size, grids), anchor_sizes)]
+    results = []
+    for index, image_size in enumerate(image_sizes):
+        all_boxes, all_scores, all_labels = [], [], []
+        for logits, regression, ctrness, level_anchor in zip(cls_logits, bbox_regression, bbox_ctrness, anchors):
+            num_classes = logits.shape[-1]
+            logits = np.asarray(logits[index], dtype=np.float32).reshape(-1, num_classes)
+            regression = np.asarray(regression[index], dtype=np.float32).reshape(-1, 4)
+            ctrness = np.asarray(ctrness[index], dtype=np.float32).reshape(-1, 1)
+            scores = np.sqrt(_sigmoid(logits) * _sigmoid(ctrness)).reshape(-1)
+            candidates = np.flatnonzero(scores > thresholds.score_thresh)
+            scores = scores[candidates]
+            best = top_order(scores, thresholds.topk_candidates)
+            scores, candidates = scores[best], candidates[best]
+            anchor_idxs, labels = candidates // num_classes, candidates % num_classes
+            boxes = clip_boxes(decode_boxes(regression[anchor_idxs], level_anchor[anchor_idxs]), image_size)
+            all_boxes.append(boxes)
+            all_scores.append(scores)
+            all_labels.append(labels)
+        boxes = np.concatenate(all_boxes).astype(np.float32, copy=False)
+        scores = np.concatenate(all_scores).astype(np.float32, copy=False)
+        labels = np.concatenate(all_labels).astype(np.int64, copy=False)
+        keep = batched_nms(boxes, scores, labels, thresholds.nms_thresh, max_keep=thresholds.detections_per_img)
+        results.append(Detections(boxes[keep], scores[keep], labels[keep]))
+    return results

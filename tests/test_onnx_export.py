@@ -1,0 +1,274 @@
+"""The ONNX export's parity with PyTorch fp32: the graph at several sizes, and the numpy post-processing
+against torchvision's; the model card; the NMS against torchvision's."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from PIL import Image, ImageDraw
+from torchvision.ops import batched_nms, nms
+
+from pipelines import checkpoint
+from pipelines.errors import CheckpointError
+from pipelines.inference import card as model_card
+from pipelines.inference import onnx_export, postprocess, preprocess
+from pipelines.inference.onnx_runtime import OnnxDetector
+from pipelines.model import build_detector
+
+CATEGORIES = [{"id": 1, "name": "circle"}, {"id": 3, "name": "square"}, {"id": 7, "name": "triangle"}]
+TINY = dict(backbone="resnet10", norm="batchnorm", fpn_channels=64, head_convs=2)  # fcos_tiny's network
+SHAPES = [(320, 416), (416, 320), (256, 416), (320, 448)]
+
+
+def _spread(model) -> None:
+    """Random head weights of a usable scale: a fresh FCOS head outputs nearly the same score and an empty
+    box everywhere (its init is made for training), which would compare ties, not detections."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.head.named_parameters():
+            if name.endswith("weight") and param.ndim == 4:
+                param.copy_(torch.randn(param.shape, generator=generator) * (2.0 / param[0].numel()) ** 0.5)
+        model.head.classification_head.cls_logits.bias.fill_(-1.0)
+        model.head.regression_head.bbox_reg.bias.fill_(1.0)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A fcos_tiny-sized detector saved as the train stage saves ``model_final.pth`` and loaded back."""
+    torch.manual_seed(0)
+    model = build_detector(num_classes=len(CATEGORIES), **TINY, score_thresh=0.2)
+    _spread(model)
+    path = tmp_path_factory.mktemp("train") / "model_final.pth"
+    checkpoint.save(path, model=model.state_dict(), categories=CATEGORIES, iteration=0, precision="fp32",
+                    channels_last=False)
+    state = checkpoint.load(path)
+    loaded = build_detector(num_classes=len(state["categories"]), **TINY, score_thresh=0.2)
+    loaded.load_state_dict(state["model"])
+    return loaded.eval()
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    """``(onnx path, card, seconds the export took)``."""
+    path = tmp_path_factory.mktemp("export") / "model.onnx"
+    start = time.perf_counter()
+    card = onnx_export.export(trained, path, categories=CATEGORIES, min_size_test=320, max_size_test=416,
+                              size_divisibility=32, max_image_pixels=10**7,
+                              provenance={"git_commit": "0" * 40, "weights_md5": "f" * 32})
+    return path, card, time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def runtime(exported):
+    return OnnxDetector(exported[0], threads=1)
+
+
+def _scene(height: int, width: int, seed: int) -> np.ndarray:
+    """An image of a few filled shapes on a gradient."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    image = Image.fromarray(np.stack([x * 255 // width, y * 255 // height, np.full_like(x, 90)], 2).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(5):
+        x0, y0 = int(rng.integers(0, width - 40)), int(rng.integers(0, height - 40))
+        box = (x0, y0, x0 + int(rng.integers(20, width // 2)), y0 + int(rng.integers(20, height // 2)))
+        fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=fill)
+    return np.asarray(image)
+
+
+def test_graph_matches_pytorch_at_every_shape(trained, exported, runtime):
+    """The shapes rule: no size is baked into the graph; its head outputs match eager fp32 at each size."""
+    network = onnx_export.ExportedNetwork(trained)
+    generator = torch.Generator().manual_seed(2)
+    worst = {}
+    for height, width in SHAPES:
+        images = torch.randint(0, 256, (2, 3, height, width), dtype=torch.uint8, generator=generator)
+        with torch.no_grad():
+            expected = [t.numpy() for t in network(images)]
+        found = runtime.session.run(None, {"images": images.numpy()})
+        assert [f.shape for f in found] == [e.shape for e in expected]
+        worst[(height, width)] = max(float(np.abs(f - e).max()) for f, e in zip(found, expected))
+        assert worst[(height, width)] < 1e-4, worst
+    print(f"export {exported[2]:.1f} s; max abs diff per shape: {worst}")
+
+
+def test_exported_network_is_the_detectors(trained):
+    """The exported module's per-level outputs are the detector's head outputs, level by level."""
+    images = torch.randint(0, 256, (1, 3, 256, 320), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        outputs = onnx_export.ExportedNetwork(trained)(images)
+        x = (images.float() - trained.pixel_mean) / trained.pixel_std
+        head = trained.head(list(trained.backbone(x).values()))
+    for k, kind in enumerate(model_card.OUTPUT_KINDS):
+        levels = outputs[k::3]
+        torch.testing.assert_close(torch.cat([o.reshape(1, -1, o.shape[-1]) for o in levels], 1), head[kind],
+                                   rtol=0, atol=0)
+
+
+def _match_rate(ours: list[postprocess.Detections], theirs: list[dict]) -> tuple[float, int]:
+    """Share of detections matched one to one (same label, IoU >= 0.99, scores within 1e-3), over the
+    larger of the two sets per image; and the number of PyTorch's detections. Two boxes of no area (clipped
+    flat at the image's edge) have IoU 1 where their corners agree."""
+    matched = total = count = 0
+    for mine, other in zip(ours, theirs):
+        boxes, scores, labels = (other[k].numpy() for k in ("boxes", "scores", "labels"))
+        count += len(scores)
+        total += max(len(scores), len(mine))
+        used = np.zeros(len(mine), dtype=bool)
+        for box, score, label in zip(boxes, scores, labels):
+            x1 = np.maximum(box[0], mine.boxes[:, 0])
+            y1 = np.maximum(box[1], mine.boxes[:, 1])
+            x2 = np.minimum(box[2], mine.boxes[:, 2])
+            y2 = np.minimum(box[3], mine.boxes[:, 3])
+            inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+            area = lambda b: (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # noqa: E731
+            union = area(box) + area(mine.boxes) - inter
+            same = np.abs(mine.boxes - box).max(axis=1) <= 1e-3  # also boxes clipped flat at the image's edge
+            iou = np.where(union > 0, inter / np.maximum(union, 1e-9), same.astype(float))
+            ok = ~used & (mine.labels == label) & (iou >= 0.99) & (np.abs(mine.scores - score) <= 1e-3)
+            if ok.any():
+                used[np.flatnonzero(ok)[np.argmax(iou[ok])]] = True
+                matched += 1
+    return matched / max(total, 1), count
+
+
+def test_numpy_postprocessing_on_onnx_outputs_matches_pytorch(trained, runtime):
+    """End to end on one batch: ONNX graph + numpy post-processing against the PyTorch model's own."""
+    images = [_scene(240, 320, 0), _scene(300, 200, 1), _scene(320, 320, 2), _scene(180, 400, 3)]
+    batch = preprocess.prepare(images, min_size=320, max_size=416, size_divisibility=32)
+    with torch.no_grad():
+        theirs = trained(torch.from_numpy(batch.images), batch.image_sizes)
+    ours = runtime.detect(batch.images, batch.image_sizes)
+    rate, count = _match_rate(ours, theirs)
+    print(f"match rate {rate:.4f} over {count} PyTorch detections")
+    assert count >= 100 and rate >= 0.99
+
+
+def test_postprocessing_is_torchvisions_on_the_same_outputs(trained):
+    """Fed the very same head outputs, the numpy post-processing gives torchvision's detections (scores
+    without ties: torchvision's top-k orders equal scores as its partial sort leaves them)."""
+    generator = torch.Generator().manual_seed(4)
+    padded, sizes = (256, 352), [(256, 340), (230, 352)]
+    grids = [(32, 44), (16, 22), (8, 11), (4, 6), (2, 3)]
+    outputs = {"cls_logits": [torch.randn(2, h, w, 3, generator=generator) for h, w in grids],
+               "bbox_regression": [torch.rand(2, h, w, 4, generator=generator) * 3 for h, w in grids],
+               "bbox_ctrness": [torch.randn(2, h, w, 1, generator=generator) for h, w in grids]}
+    flat = {k: [t.reshape(2, -1, t.shape[-1]) for t in v] for k, v in outputs.items()}
+    features = [torch.empty(2, 1, h, w) for h, w in grids]
+    from torchvision.models.detection.image_list import ImageList
+
+    anchors = trained.anchor_generator(ImageList(torch.empty(2, 3, *padded), sizes), features)
+    split = [list(a.split([h * w for h, w in grids])) for a in anchors]
+    thresholds = postprocess.Thresholds(trained.score_thresh, trained.nms_thresh, trained.topk_candidates,
+                                        trained.detections_per_img)
+    for level, (grid, stride) in enumerate(zip(grids, postprocess.level_strides(padded, grids))):
+        np.testing.assert_array_equal(postprocess.level_anchors(grid, stride, 8 * 2**level), split[0][level].numpy())
+    expected = trained.postprocess_detections(flat, split, sizes)
+    found = postprocess.detections(*([t.numpy() for t in outputs[k]] for k in model_card.OUTPUT_KINDS),
+                                   padded_size=padded, image_sizes=sizes, anchor_sizes=[8, 16, 32, 64, 128],
+                                   thresholds=thresholds)
+    for mine, theirs in zip(found, expected):
+        assert len(mine) > 50
+        np.testing.assert_array_equal(mine.labels, theirs["labels"].numpy())
+        np.testing.assert_allclose(mine.scores, theirs["scores"].numpy(), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(mine.boxes, theirs["boxes"].numpy(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("count", [300, 1500])  # torchvision's two strategies: coordinate trick, per class
+@pytest.mark.parametrize("ties", [False, True])
+def test_nms_is_torchvisions(count, ties):
+    """The same boxes kept in the same order; with ties of scores, the same order too up to 1000 boxes
+    (torchvision's stable sort), beyond that the same boxes and scores (its per-class merge orders equal
+    scores as an unstable sort leaves them)."""
+    rng = np.random.default_rng(count)
+    corners = rng.uniform(0, 200, (count, 2)).astype(np.float32)
+    boxes = np.concatenate([corners, corners + rng.uniform(0, 60, (count, 2)).astype(np.float32)], 1)
+    scores = rng.uniform(0, 1, count).astype(np.float32)
+    if ties:
+        scores = np.round(scores, 2)
+    labels = rng.integers(0, 5, count)
+    for threshold in (0.3, 0.5, 0.6):
+        expected = batched_nms(torch.from_numpy(boxes), torch.from_numpy(scores), torch.from_numpy(labels),
+                               threshold).numpy()
+        found = postprocess.batched_nms(boxes, scores, labels, threshold)
+        if ties and count > 1000:
+            assert sorted(found) == sorted(expected)
+            np.testing.assert_array_equal(scores[found], scores[expected])
+        else:
+            np.testing.assert_array_equal(found, expected)
+        np.testing.assert_array_equal(postprocess.nms(boxes, scores, threshold),
+                                      nms(torch.from_numpy(boxes), torch.from_numpy(scores), threshold).numpy())
+        for cut in (1, 25, 100):  # stopping early keeps the same first boxes
+            np.testing.assert_array_equal(postprocess.batched_nms(boxes, scores, labels, threshold, max_keep=cut),
+                                          found[:cut])
+    for k in (0, 1, 7, 100, count, count + 5):
+        np.testing.assert_array_equal(postprocess.top_order(scores, k), np.argsort(-scores, kind="stable")[:k])
+
+
+def test_predict_gives_original_pixels(runtime, tmp_path):
+    """From files (and bytes) to detections in each image's own pixels, as evaluation scales them back."""
+    images = [_scene(240, 320, 5), _scene(500, 280, 6)]
+    paths = []
+    for k, image in enumerate(images):
+        paths.append(tmp_path / f"{k}.png")
+        Image.fromarray(image).save(paths[-1])
+    found = runtime.predict([paths[0], paths[1].read_bytes()])
+    batch = preprocess.prepare(images, min_size=320, max_size=416, size_divisibility=32)
+    direct = runtime.detect(batch.images, batch.image_sizes)
+    for mine, other, (h, w), (oh, ow) in zip(found, direct, batch.image_sizes, batch.orig_sizes):
+        assert len(mine) > 0
+        np.testing.assert_array_equal(mine.boxes, other.boxes * np.array([ow / w, oh / h] * 2, dtype=np.float32))
+    assert len(runtime.predict([paths[0]], score_thresh=0.99)[0]) <= len(found[0])
+
+
+def test_card_is_in_the_onnx_file_and_beside_it(exported, trained):
+    path, card, _ = exported
+    assert model_card.read_card(path) == card
+    assert json.loads((path.parent / "model.json").read_text()) == json.loads(card.to_json())
+    assert card.categories == CATEGORIES and card.anchor_sizes == [8, 16, 32, 64, 128]
+    assert (card.score_thresh, card.nms_thresh, card.topk_candidates, card.detections_per_img) == (0.2, 0.6, 1000, 100)
+    assert card.pixel_mean == pytest.approx([0.485 * 255, 0.456 * 255, 0.406 * 255])
+    assert card.opset >= 18 and card.exporter == "torch.onnx.export(dynamo=True)" and card.trained_precision == "fp32"
+    assert card.git_commit == "0" * 40 and card.mlflow_run_id is None
+
+
+def test_an_onnx_file_without_the_card_is_refused(exported, tmp_path):
+    model = onnx.load(exported[0])
+    del model.metadata_props[:]
+    bare = tmp_path / "bare.onnx"
+    onnx.save(model, bare)
+    message = (f"{bare}: an ONNX file without a model card (no 'detector.card' in its metadata_props); expected a "
+               "detector exported by this project")
+    with pytest.raises(CheckpointError) as caught:
+        model_card.read_card(bare)
+    assert str(caught.value) == message
+    with pytest.raises(CheckpointError) as caught:
+        OnnxDetector(bare, threads=1)
+    assert str(caught.value) == message
+    text = tmp_path / "text.onnx"
+    text.write_text("hello\n")
+    for read in (model_card.read_card, lambda p: OnnxDetector(p, threads=1)):
+        with pytest.raises(CheckpointError, match=rf"^{text}: not a readable ONNX file|^{text}: ONNX Runtime cannot"):
+            read(text)
+
+
+def test_a_bf16_channels_last_model_exports_as_fp32(trained):
+    """Whatever precision and layout training used, the exported network is the fp32 one, contiguous; the
+    card says how it was trained."""
+    mixed = build_detector(num_classes=len(CATEGORIES), **TINY, precision="bf16", channels_last=True)
+    mixed.load_state_dict(trained.state_dict())
+    network = onnx_export.ExportedNetwork(mixed)
+    assert all(p.dtype == torch.float32 and p.is_contiguous() for p in network.parameters())
+    images = torch.randint(0, 256, (1, 3, 128, 160), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        for found, expected in zip(network(images), onnx_export.ExportedNetwork(trained)(images)):
+            torch.testing.assert_close(found, expected, rtol=0, atol=0)
+    card = onnx_export.card_for(mixed, categories=CATEGORIES, min_size_test=320, max_size_test=416,
+                                size_divisibility=32, max_image_pixels=10**7, opset=20)
+    assert card.trained_precision == "bf16" and card.precision == "fp32"
