@@ -1,0 +1,1 @@
+"""Using a trained detector outside training: backends, pre- and post-processing, export."""

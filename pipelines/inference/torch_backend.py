@@ -1,0 +1,80 @@
+"""The PyTorch backend: a train stage's ``model_final.pth`` rebuilt as the detector it was trained as.
+
+The file holds the weights, the training data's categories and the precision and layout it was trained in;
+the architecture comes from the params it was trained with (:mod:`.trained_params`). No annotation cache
+is needed: the categories are the file's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..build import model as build_model
+from ..hardware import Compute
+from ..model import Detector
+from .trained_params import trained_params
+
+
+class TorchBackend:
+    """A :class:`~pipelines.model.Detector` behind the :class:`~.backend.Backend` interface."""
+
+    name = "torch"
+
+    def __init__(self, detector: Detector, *, categories: list[dict], compute: Compute, iteration: int = 0):
+        self.detector = detector.eval()
+        self.categories = categories
+        self.compute = compute
+        self.iteration = iteration
+
+    @property
+    def precision(self) -> str:
+        return self.compute.precision
+
+    @property
+    def score_thresh(self) -> float:
+        return float(self.detector.score_thresh)
+
+    @score_thresh.setter
+    def score_thresh(self, value: float) -> None:
+        self.detector.score_thresh = float(value)
+
+    @property
+    def nms_thresh(self) -> float:
+        return float(self.detector.nms_thresh)
+
+    @property
+    def detections_per_img(self) -> int:
+        return int(self.detector.detections_per_img)
+
+    def eval(self) -> TorchBackend:
+        self.detector.eval()
+        return self
+
+    @torch.inference_mode()
+    def __call__(self, images: torch.Tensor, image_sizes: list[tuple[int, int]]) -> list[dict]:
+        return self.detector(images, image_sizes)
+
+
+def load(model_file: Path, *, device: torch.device, precision: str = "auto", params_file: Path | None = None,
+         score_thresh: float | None = None):
+    """The model in ``model_file`` as a :class:`TorchBackend` on ``device``, and the params it was built with.
+
+    ``precision`` is one of :data:`pipelines.build.model.USE_PRECISIONS`: ``auto`` (this machine's choice:
+    native bf16 or fp32, never emulated bf16), ``fp32``, or ``as-trained`` (stored in the file).
+    ``params_file``: the params it was trained with; without, ``dvc.lock``'s train entry
+    (:func:`.trained_params.trained_params`). ``score_thresh``: instead of ``model.score_thresh``.
+
+    Raises:
+        CheckpointError: the file is missing or unreadable, or does not match the params' model section.
+        ConfigError: the params cannot be found or read.
+    """
+    state = build_model.trained_state(model_file)
+    p, source = trained_params(model_file, params_file=params_file)
+    detector, compute, iteration = build_model.trained_detector(p, model_file, device=device, precision=precision,
+                                                                state=state, params_source=source)
+    backend = TorchBackend(detector, categories=state["categories"], compute=compute, iteration=iteration)
+    if score_thresh is not None:
+        backend.score_thresh = score_thresh
+    return backend, p
