@@ -34,7 +34,7 @@ class VideoReader:
         try:
             self.container = av.open(path, mode="r")
         except (av.FFmpegError, OSError, ValueError) as err:
-            raise ImageError(path, f"unreadable video ({first_line(err) or type(err).__name__})") from None
+            raise ImageError(path, f"unreadable video ({_reason(err)})") from None
         if not self.container.streams.video:
             self.close()
             raise ImageError(path, "unreadable video (no video stream)")
@@ -58,7 +58,7 @@ class VideoReader:
                     pixels = frame.to_ndarray(format="rgb24")
                     yield index, torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).contiguous()
         except (av.FFmpegError, OSError, ValueError) as err:
-            raise ImageError(self.path, f"unreadable video ({first_line(err) or type(err).__name__})") from None
+            raise ImageError(self.path, f"unreadable video ({_reason(err)})") from None
 
     def close(self) -> None:
         self.container.close()
@@ -92,3 +92,8 @@ class VideoWriter:
         for packet in self.stream.encode(None):
             self.container.mux(packet)
         self.container.close()
+
+
+def _reason(err: Exception) -> str:
+    """FFmpeg's words for why a file cannot be read (without the errno and the file name PyAV adds)."""
+    return getattr(err, "strerror", None) or first_line(err) or type(err).__name__
