@@ -15,9 +15,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
-import torch
-
-from pipelines import cli, hardware
+from pipelines import cli
 from pipelines.build import data as build_data
 from pipelines.build.model import USE_PRECISIONS
 from pipelines.errors import ConfigError
@@ -57,9 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("score", "vis_thresh"):
         if getattr(args, name) is not None and not 0 <= getattr(args, name) <= 1:
             raise ConfigError(f"--{name.replace('_', '-')}: expected a score from 0 to 1, got {getattr(args, name)}")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cpu":
-        torch.set_num_threads(hardware.threads_per_process(1))
+    device = torch_backend.choose_device(args.device)
     backend, p = torch_backend.load(args.model, device=device, precision=args.precision, params_file=args.params,
                                     score_thresh=args.score)
     backend.compute.announce(log)

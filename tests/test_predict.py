@@ -9,6 +9,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from pipelines.data.synthetic import generate_split
 from pipelines.evaluation import predict as evaluation_predict
 from pipelines.hardware import resolve
 from pipelines.inference import sources, torch_backend
+from pipelines.inference.ground_truth import GroundTruth
 from stages import predict as stage
 
 from .conftest import REPO, set_dotted
@@ -202,7 +205,7 @@ def test_predict_on_folders_a_video_and_bad_inputs(in_workspace, capsys):
 def test_strict_stops_at_the_first_bad_input_and_writes_nothing(in_workspace, capsys):
     root = in_workspace
     shutil.rmtree(root / "strict", ignore_errors=True)
-    code, err = _run(["good", str(_bad_inputs(root).name), "--model", "outputs/train/model_final.pth",
+    code, err = _run([str(_bad_inputs(root).name), "good", "--model", "outputs/train/model_final.pth",
                       "--out", "strict", "--strict"], capsys)
     assert code == 2
     errors = [line for line in err.splitlines() if line.startswith("error:")]
@@ -227,7 +230,8 @@ def test_video_stride_keeps_every_nth_frame(in_workspace, capsys):
     (["--model", "outputs/train/model_final.pth", "--coco-gt", "other_gt.json"],
      "error: outputs/train/model_final.pth: trained on other categories than other_gt.json has"),
     (["--model", "outputs/train/model_final.pth", "--vis-thresh", "2"], "error: --vis-thresh: expected a score"),
-], ids=["missing-model", "other-model-params", "other-categories", "bad-threshold"])
+    (["--model", "outputs/train/model_final.pth", "--device", "cuda:7"], "error: --device cuda:7: no such CUDA device"),
+], ids=["missing-model", "other-model-params", "other-categories", "bad-threshold", "no-such-device"])
 def test_a_model_that_does_not_fit_stops_with_one_line_and_writes_nothing(in_workspace, capsys, args, expected):
     (in_workspace / "other_gt.json").write_text(json.dumps(
         {"images": [], "annotations": [], "categories": [{"id": 1, "name": "circle"}, {"id": 2, "name": "dog"}]}))
@@ -236,6 +240,16 @@ def test_a_model_that_does_not_fit_stops_with_one_line_and_writes_nothing(in_wor
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(expected), err
     assert not (in_workspace / "refused").exists()
+
+
+def test_the_command_exits_2_with_one_line(workspace):
+    """``python -m stages.predict`` as a user runs it (the process's own exit path)."""
+    done = subprocess.run([sys.executable, "-m", "stages.predict", "good", "--model", "gone.pth", "--out", "cli"],
+                          cwd=workspace, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["error: gone.pth: checkpoint not found"]
+    assert not (workspace / "cli").exists()
 
 
 def test_no_detections_gives_empty_results(in_workspace, capsys):
@@ -327,3 +341,14 @@ def test_torch_backend_detects_as_evaluation_does(workspace, synthetic_split, tm
         assert ours["bbox"] == pytest.approx(theirs["bbox"], abs=1e-4)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["tta"] is tta and set(summary["metrics"]) >= {"AP", "AP50", "ARl"}
+
+
+def test_ground_truth_ids_by_file_name(tmp_path):
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps({"images": [{"id": 5, "file_name": "val/0001.jpg"}, {"id": 9, "file_name": "0002.jpg"}],
+                                "annotations": [], "categories": CATEGORIES}))
+    gt = GroundTruth(path)
+    gt.check_categories(CATEGORIES, "model.pth")
+    assert [gt.image_id(name) for name in ("images/val/0001.jpg", "0002.jpg", "b/0002.jpg", "0001.jpg", "x.jpg")] \
+        == [5, 9, None, None, None]
+    assert gt.matched == {5, 9} and gt.max_id == 9

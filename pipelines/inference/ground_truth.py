@@ -39,6 +39,7 @@ class GroundTruth:
             self._by_name[PurePosixPath(image["file_name"]).as_posix()] = image["id"]
         self.max_id = max([image["id"] for image in data["images"]], default=0)
         self.matched: set[int] = set()
+        self._given: dict[int, str] = {}  # image id -> the input that took it
 
     def check_categories(self, categories: list[dict], model: str) -> None:
         """Raise unless the ground truth has the categories the model was trained on (ids and names)."""
@@ -55,6 +56,10 @@ class GroundTruth:
             ends = [image_id for name, image_id in self._by_name.items()
                     if relative.endswith("/" + name) or name.endswith("/" + relative)]
             found = ends[0] if len(ends) == 1 else None
+        if found is not None and self._given.setdefault(found, relative) != relative:
+            log.warning("%s: %s and %s both take the name of its image %d: %s is numbered apart", self.path,
+                        self._given[found], relative, found, relative)
+            return None
         if found is not None:
             self.matched.add(found)
         return found

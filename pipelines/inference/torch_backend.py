@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from ..build import model as build_model
-from ..hardware import Compute
+from ..errors import ConfigError
+from ..hardware import Compute, threads_per_process
 from ..model import Detector
 from .trained_params import trained_params
 
@@ -78,3 +79,24 @@ def load(model_file: Path, *, device: torch.device, precision: str = "auto", par
     if score_thresh is not None:
         backend.score_thresh = score_thresh
     return backend, p
+
+
+def choose_device(name: str | None) -> torch.device:
+    """The device ``--device`` names (``cpu``, ``cuda``, ``cuda:1``), by default CUDA where present; on the CPU
+    torch takes the cores this process may use (:func:`pipelines.hardware.threads_per_process`).
+
+    Raises:
+        ConfigError: not a device name, or a CUDA device this machine does not have.
+    """
+    try:
+        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        raise ConfigError(f"--device {name}: expected cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"--device {name}: no such CUDA device here ({torch.cuda.device_count()} found); "
+                          "use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name}: expected cpu, cuda or cuda:N")
+    if device.type == "cpu":
+        torch.set_num_threads(threads_per_process(1))
+    return device
