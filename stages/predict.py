@@ -49,12 +49,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = cli.parse_args(__doc__, argv, params=False, arguments=_arguments, model="the model file (.pth)",
                           out="output folder (replaced when the run is complete)")
-    for name in ("batch", "vid_stride"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: expected a whole number at least 1, got {getattr(args, name)}")
-    for name in ("score", "vis_thresh"):
-        if getattr(args, name) is not None and not 0 <= getattr(args, name) <= 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: expected a score from 0 to 1, got {getattr(args, name)}")
+    _check(args)
     device = torch_backend.choose_device(args.device)
     backend, p = torch_backend.load(args.model, device=device, precision=args.precision, params_file=args.params,
                                     score_thresh=args.score)
@@ -84,6 +79,18 @@ def main(argv: list[str] | None = None) -> None:
                         **({"coco_gt": str(args.coco_gt), "metrics": metrics.stats} if metrics else {})})
     log.info("%d images, %d videos (%d frames), %d detections, %d skipped: %s", report.images, report.videos,
              report.frames, report.detections, len(report.skipped), args.out)
+
+
+def _check(args: argparse.Namespace) -> None:
+    for option, value, fits, expected in (("--batch", args.batch, args.batch >= 1, "a whole number, at least 1"),
+                                          ("--vid-stride", args.vid_stride, args.vid_stride >= 1,
+                                           "a whole number, at least 1"),
+                                          ("--score", args.score, args.score is None or 0 <= args.score <= 1,
+                                           "a score from 0 to 1"),
+                                          ("--vis-thresh", args.vis_thresh, 0 <= args.vis_thresh <= 1,
+                                           "a score from 0 to 1")):
+        if not fits:
+            raise ConfigError(f"{option}: expected {expected}, got {value}")
 
 
 if __name__ == "__main__":

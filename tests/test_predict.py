@@ -56,8 +56,8 @@ def _params_tree() -> dict:
 def _save_model(path: Path, tree: dict, categories: list[dict], *, precision: str = "fp32") -> None:
     params = params_from_dict(tree)
     torch.manual_seed(0)
-    model = build_model.detector(params, num_classes=len(categories), compute=resolve("fp32", False, torch.device("cpu")),
-                                 pretrained=False)
+    model = build_model.detector(params, num_classes=len(categories),
+                                 compute=resolve("fp32", False, torch.device("cpu")), pretrained=False)
     checkpoint.save(path, model=model.state_dict(), categories=categories, iteration=8, precision=precision,
                     channels_last=False)
 
@@ -226,7 +226,7 @@ def test_video_stride_keeps_every_nth_frame(in_workspace, capsys):
 @pytest.mark.parametrize("args, expected", [
     (["--model", "missing.pth"], "error: missing.pth: checkpoint not found"),
     (["--model", "outputs/train/model_final.pth", "--params", "params.yaml"],
-     "error: outputs/train/model_final.pth: does not match params.yaml's model section (Error(s) in loading state_dict"),
+     "error: outputs/train/model_final.pth: does not match params.yaml's model section (Error(s) in loading"),
     (["--model", "outputs/train/model_final.pth", "--coco-gt", "other_gt.json"],
      "error: outputs/train/model_final.pth: trained on other categories than other_gt.json has"),
     (["--model", "outputs/train/model_final.pth", "--vis-thresh", "2"], "error: --vis-thresh: expected a score"),
@@ -257,7 +257,8 @@ def test_no_detections_gives_empty_results(in_workspace, capsys):
     assert code == 0, err
     assert json.loads((in_workspace / "none" / "predictions.json").read_text()) == []
     assert json.loads((in_workspace / "none" / "summary.json").read_text())["detections"] == 0
-    assert [i["file_name"] for i in json.loads((in_workspace / "none" / "coco.json").read_text())["images"]] == ["img.jpg"]
+    images = json.loads((in_workspace / "none" / "coco.json").read_text())["images"]
+    assert [i["file_name"] for i in images] == ["img.jpg"]
 
 
 def test_sources_keep_paths_relative_to_their_common_folder(tmp_path, monkeypatch):

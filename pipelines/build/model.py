@@ -101,7 +101,8 @@ def trained_detector(p: Params, model_file: Path, *, categories: list[dict] | No
         raise CheckpointError(f"{model_file}: trained on other categories than {split}")
     categories = state.get("categories") if categories is None else categories
     if not isinstance(categories, list) or not categories:
-        raise CheckpointError(f"{model_file}: holds no categories list; expected a model file written by the train stage")
+        raise CheckpointError(f"{model_file}: holds no categories list; expected a model file written by the train "
+                              "stage")
     how = trained_compute(p, state, model_file, device, precision=precision)
     model = detector(p, num_classes=len(categories), compute=how, pretrained=False)
     try:
