@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     ground_truth = GroundTruth(args.coco_gt) if args.coco_gt is not None else None
     if ground_truth is not None:
         ground_truth.check_categories(backend.categories, str(args.model))
-    inputs = sources.expand(args.sources)
+    inputs = sources.expand(args.sources, exclude=args.out)
     if not inputs:
         raise ConfigError(f"SOURCE {' '.join(args.sources)}: no image or video found")
     evaluate = dataclasses.replace(p.evaluate, tta=args.tta)

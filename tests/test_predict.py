@@ -277,6 +277,7 @@ def test_sources_keep_paths_relative_to_their_common_folder(tmp_path, monkeypatc
     assert relative("b/**/*.png") == ["sub/x.png"]
     assert relative("list.txt") == ["a/img.jpg", "b/sub/x.png"]
     assert relative("a/img.jpg", "a/img.jpg") == ["img.jpg"]
+    assert [i.relative for i in sources.expand(["b"], exclude="b/sub")] == ["img.jpg"]  # the output folder
     missing = sources.expand(["nothing/*.jpg", "gone.jpg"])
     assert [i.problem for i in missing] == ["no file matches this pattern", "file not found"]
 

@@ -82,8 +82,12 @@ class Runner:
         self.names = category_names(backend)
         self.collate = BatchCollator(settings.size_divisibility)
         self.report = Report()
+        self.progress = True
 
     def run(self, inputs: list[Input], *, progress: bool = True) -> Report:
+        """Predict on ``inputs`` in order (a bar over them, and one over each video's frames, where
+        ``progress``)."""
+        self.progress = progress
         pending: list[tuple[Input, torch.Tensor]] = []
         for item in tqdm(inputs, desc="predict", unit="file", disable=not progress, mininterval=1.0):
             try:
@@ -156,7 +160,9 @@ class Runner:
             try:
                 batch: list[tuple[int, torch.Tensor]] = []
                 start = time.perf_counter()
-                for index, frame in reader.frames(stride):
+                total = -(-reader.frame_count // stride) if reader.frame_count else None
+                for index, frame in tqdm(reader.frames(stride), total=total, desc=item.relative, unit="frame",
+                                         leave=False, disable=not self.progress, mininterval=1.0):
                     batch.append((index, frame))
                     if len(batch) == self.settings.batch:
                         self.report.seconds += time.perf_counter() - start

@@ -37,8 +37,9 @@ class Input:
     problem: str | None = None
 
 
-def expand(sources: list[str]) -> list[Input]:
-    """The inputs ``sources`` name, in order (a folder's and a glob's sorted), each file once.
+def expand(sources: list[str], *, exclude: str | os.PathLike | None = None) -> list[Input]:
+    """The inputs ``sources`` name, in order (a folder's and a glob's sorted), each file once, none under the
+    folder ``exclude`` (the output folder: a run on a folder that holds it must not read its last outputs).
 
     Raises:
         ConfigError: a list file cannot be read (one line naming it).
@@ -46,6 +47,9 @@ def expand(sources: list[str]) -> list[Input]:
     found: list[tuple[str, str, str | None]] = []  # (path, root, problem)
     for source in sources:
         found.extend(_expand_one(source))
+    if exclude is not None:
+        outside = os.path.abspath(exclude) + os.sep
+        found = [entry for entry in found if not os.path.abspath(entry[0]).startswith(outside)]
     if not found:
         return []
     roots = [os.path.abspath(root) for _, root, _ in found]

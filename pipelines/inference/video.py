@@ -45,6 +45,7 @@ class VideoReader:
             raise ImageError(path, "frames of " + text)
         rate = self.stream.average_rate or self.stream.guessed_rate
         self.rate = Fraction(rate) if rate else Fraction(25)
+        self.frame_count = int(self.stream.frames) or None  # as the container says; None where it does not
 
     def frames(self, stride: int = 1) -> Iterator[tuple[int, torch.Tensor]]:
         """``(frame index, uint8 [3, H, W])`` of every ``stride``-th frame from the first.
