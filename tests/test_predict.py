@@ -34,6 +34,7 @@ from pipelines.evaluation import predict as evaluation_predict
 from pipelines.hardware import resolve
 from pipelines.inference import sources, torch_backend
 from pipelines.inference.ground_truth import GroundTruth
+from pipelines.inference.trained_params import trained_params
 from stages import predict as stage
 
 from .conftest import REPO, set_dotted
@@ -354,3 +355,22 @@ def test_ground_truth_ids_by_file_name(tmp_path):
     assert [gt.image_id(name) for name in ("images/val/0001.jpg", "0002.jpg", "b/0002.jpg", "0001.jpg", "x.jpg")] \
         == [5, 9, None, None, None]
     assert gt.matched == {5, 9} and gt.max_id == 9
+
+
+def test_dvc_lock_gives_the_params_and_says_when_it_does_not_record_the_file(workspace, tmp_path, caplog):
+    model = workspace / "outputs" / "train" / "model_final.pth"
+    lock = workspace / "dvc.lock"
+    p, source = trained_params(model, lock=lock)
+    assert source == f"{lock}'s train entry" and p.model.fpn_channels == 64  # params.yaml says 32
+    assert not caplog.records
+    copy = tmp_path / "copy.pth"
+    shutil.copy(model, copy)
+    trained_params(copy, lock=lock)
+    assert "not an output of the train stage" in caplog.text
+    changed = tmp_path / "dvc.lock"
+    changed.write_text(lock.read_text().replace(_md5(model), "0" * 32))
+    shutil.copy(workspace / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "outputs" / "train").mkdir(parents=True)
+    shutil.copy(model, tmp_path / "outputs" / "train" / "model_final.pth")
+    trained_params(tmp_path / "outputs" / "train" / "model_final.pth", lock=changed)
+    assert "(md5 differs)" in caplog.text
