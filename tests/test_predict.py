@@ -33,6 +33,7 @@ from pipelines.data.synthetic import generate_split
 from pipelines.evaluation import predict as evaluation_predict
 from pipelines.hardware import resolve
 from pipelines.inference import sources, torch_backend
+from pipelines.inference.backend import category_ids
 from pipelines.inference.ground_truth import GroundTruth
 from pipelines.inference.trained_params import trained_params
 from stages import predict as stage
@@ -328,6 +329,15 @@ def test_torch_backend_detects_as_evaluation_does(workspace, synthetic_split, tm
     with contextlib.redirect_stderr(io.StringIO()):
         expected = evaluation_predict(model, loader, device=torch.device("cpu"), category_ids=cache.category_ids,
                                       tta=build_data.test_time_augmentation(p), size_divisibility=32, progress=False)
+
+    backend, _ = torch_backend.load(model_file, device=torch.device("cpu"), precision="as-trained",
+                                    params_file=tmp_path / "params.yaml", score_thresh=0.0)
+    with contextlib.redirect_stderr(io.StringIO()):  # evaluation's own loop runs unchanged on the backend
+        through_backend = evaluation_predict(backend, loader, device=torch.device("cpu"),
+                                             category_ids=category_ids(backend),
+                                             tta=build_data.test_time_augmentation(p), size_divisibility=32,
+                                             progress=False)
+    assert through_backend == expected
 
     monkeypatch.chdir(tmp_path)
     code, err = _run([str(root / "images"), "--model", str(model_file), "--params", "params.yaml", "--out", "out",
