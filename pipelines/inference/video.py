@@ -85,6 +85,8 @@ class VideoWriter:
         """Append one frame, ``uint8 [3, H, W]`` (tensor) or ``[H, W, 3]`` (array) RGB."""
         pixels = image.permute(1, 2, 0).contiguous().numpy() if isinstance(image, torch.Tensor) else image
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format="rgb24")
+        if (frame.width, frame.height) != (self.stream.width, self.stream.height):  # a stream that changed size
+            frame = frame.reformat(width=self.stream.width, height=self.stream.height)
         for packet in self.stream.encode(frame):
             self.container.mux(packet)
 
