@@ -45,6 +45,17 @@ SIZE = (96, 64)  # width, height of the test images
 FRAMES, FPS = 6, 10
 
 
+@pytest.fixture(autouse=True)
+def one_thread_each(monkeypatch):
+    """One torch thread, in the stage too (it takes PIPELINES_THREADS): tiny tensors gain nothing from a second
+    thread, and a second one waits whenever the cores are busy."""
+    monkeypatch.setenv("PIPELINES_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _params_tree() -> dict:
     tree = yaml.safe_load((REPO / "params.yaml").read_text())
     for key, value in {"model.min_size_test": 64, "model.max_size_test": 96, "model.score_thresh": 0.05,
