@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
         if metrics is not None:
             log.info("COCO box metrics on %d images of %s:\n%s", len(ground_truth.matched), args.coco_gt,
                      metrics.summary)
-        outputs.finish({"model": str(args.model), **describe(backend), "device": str(device), "tta": args.tta,
+        outputs.finish({"model": str(args.model), "model_params": backend.params_source,
+                        "iteration": backend.iteration, **describe(backend), "device": str(device), "tta": args.tta,
                         "vis_thresh": args.vis_thresh, "batch": args.batch, "vid_stride": args.vid_stride,
                         "inputs": len(inputs), **report.as_dict(),
                         **({"coco_gt": str(args.coco_gt), "metrics": metrics.stats} if metrics else {})})

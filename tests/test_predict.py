@@ -192,6 +192,7 @@ def test_predict_on_folders_a_video_and_bad_inputs(in_workspace, capsys):
             assert image.size == SIZE
     summary = json.loads((out / "summary.json").read_text())
     assert summary["backend"] == "torch" and summary["precision"] in ("fp32", "bf16")
+    assert summary["model_params"] == "dvc.lock's train entry" and summary["iteration"] == 8
     assert summary["score_thresh"] == 0.0 and summary["vis_thresh"] == 0.3
     assert (summary["images"], summary["videos"], summary["frames"]) == (4, 1, FRAMES)
     assert sorted(Path(s["file"]).name for s in summary["skipped"]) == sorted(Path(b).name for b in BAD)

@@ -23,11 +23,13 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, detector: Detector, *, categories: list[dict], compute: Compute, iteration: int = 0):
+    def __init__(self, detector: Detector, *, categories: list[dict], compute: Compute, iteration: int = 0,
+                 params_source: str = ""):
         self.detector = detector.eval()
         self.categories = categories
         self.compute = compute
         self.iteration = iteration
+        self.params_source = params_source  # where the model's params came from
 
     @property
     def precision(self) -> str:
@@ -75,7 +77,8 @@ def load(model_file: Path, *, device: torch.device, precision: str = "auto", par
     p, source = trained_params(model_file, params_file=params_file)
     detector, compute, iteration = build_model.trained_detector(p, model_file, device=device, precision=precision,
                                                                 state=state, params_source=source)
-    backend = TorchBackend(detector, categories=state["categories"], compute=compute, iteration=iteration)
+    backend = TorchBackend(detector, categories=state["categories"], compute=compute, iteration=iteration,
+                           params_source=source)
     if score_thresh is not None:
         backend.score_thresh = score_thresh
     return backend, p
