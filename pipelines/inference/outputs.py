@@ -67,6 +67,15 @@ class Outputs:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
+    def video_path(self, relative: str) -> Path:
+        """Where the annotated copy of the video at ``relative`` goes (its folders made): the same path, with
+        ``.mp4`` added unless it ends so."""
+        path = self.folder / relative
+        if path.suffix.lower() != ".mp4":
+            path = path.with_name(path.name + ".mp4")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
     def save_annotated(self, relative: str, image: torch.Tensor, detections: dict[str, torch.Tensor], *,
                        vis_thresh: float) -> Path:
         """Write ``image`` (uint8 [3, H, W], as read) with the detections scoring at least ``vis_thresh``."""

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from fractions import Fraction
-from pathlib import PurePosixPath
 
 import numpy as np
 import torch
@@ -65,11 +63,6 @@ class Report:
         return {"images": self.images, "videos": self.videos, "frames": self.frames, "detections": self.detections,
                 "skipped": self.skipped,
                 "ms_per_image": round(1000 * self.seconds / done, 3) if done else None}
-
-
-def video_output(relative: str) -> str:
-    """The annotated video's relative path: the input's, with ``.mp4`` added unless it ends so."""
-    return relative if PurePosixPath(relative).suffix.lower() == ".mp4" else relative + ".mp4"
 
 
 class Runner:
@@ -151,11 +144,10 @@ class Runner:
         """Every ``vid_stride``-th frame of the video ``item`` detected, drawn into an annotated copy and
         recorded; a video that fails part way leaves nothing behind (its error is raised)."""
         stride = self.settings.vid_stride
-        path = self.outputs.folder / video_output(item.relative)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.outputs.video_path(item.relative)
         recorded: list[tuple[int, dict]] = []
         with VideoReader(item.path, max_pixels=self.settings.max_pixels) as reader:
-            writer = VideoWriter(path, rate=reader.rate / stride if stride > 1 else Fraction(reader.rate),
+            writer = VideoWriter(path, rate=reader.rate / stride,
                                  width=reader.width, height=reader.height)
             try:
                 batch: list[tuple[int, torch.Tensor]] = []
