@@ -144,11 +144,10 @@ class Runner:
         """Every ``vid_stride``-th frame of the video ``item`` detected, drawn into an annotated copy and
         recorded; a video that fails part way leaves nothing behind (its error is raised)."""
         stride = self.settings.vid_stride
-        path = self.outputs.video_path(item.relative)
         recorded: list[tuple[int, dict]] = []
         with VideoReader(item.path, max_pixels=self.settings.max_pixels) as reader:
-            writer = VideoWriter(path, rate=reader.rate / stride,
-                                 width=reader.width, height=reader.height)
+            path = self.outputs.video_path(item.relative)  # its folder made once the video has opened
+            writer = VideoWriter(path, rate=reader.rate / stride, width=reader.width, height=reader.height)
             try:
                 batch: list[tuple[int, torch.Tensor]] = []
                 start = time.perf_counter()
