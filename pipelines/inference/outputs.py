@@ -45,8 +45,9 @@ class Outputs:
             frame_index: int | None = None) -> int:
         """Record the detections of one image (or of frame ``frame_index`` of a video): ``boxes`` xyxy in
         the original pixels, ``scores``, ``labels`` (indices into the categories). Returns its image id."""
-        image_id = self.ground_truth.image_id(relative) if self.ground_truth is not None and frame_index is None \
-            else None
+        image_id = None
+        if self.ground_truth is not None and frame_index is None:  # a frame is numbered: no file name to match
+            image_id = self.ground_truth.image_id(relative)
         if image_id is None:
             image_id, self._next_id = self._next_id, self._next_id + 1
         entry: dict[str, Any] = {"id": image_id, "file_name": relative, "width": width, "height": height}
