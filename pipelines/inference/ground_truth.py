@@ -46,8 +46,9 @@ class GroundTruth:
         ours = {(int(c["id"]), str(c["name"])) for c in categories}
         theirs = {(c.get("id"), c.get("name")) for c in self.data["categories"] if isinstance(c, dict)}
         if ours != theirs:
-            raise CheckpointError(f"{model}: trained on other categories than {self.path} has "
-                                  f"({_names(ours)} against {_names(theirs)})")
+            raise CheckpointError(f"{model}: trained on other categories than {self.path} has (the model's "
+                                  f"{_names(ours - theirs)} are not there; its {_names(theirs - ours)} are not "
+                                  "the model's)")
 
     def image_id(self, relative: str) -> int | None:
         """The id of the ground-truth image named ``relative`` (see the module), or None."""
@@ -84,5 +85,9 @@ class GroundTruth:
             return coco_evaluate(path, predictions, backend=backend)
 
 
-def _names(categories: set) -> str:
-    return ", ".join(f"{i}:{n}" for i, n in sorted(categories, key=lambda c: (str(c[0]), str(c[1]))))
+def _names(categories: set, shown: int = 4) -> str:
+    """``id:name`` of the first ``shown`` categories by id, and how many more."""
+    by_id = sorted(categories, key=lambda c: (not isinstance(c[0], int), c[0] if isinstance(c[0], int) else 0,
+                                              str(c[0]), str(c[1])))
+    names = [f"{i}:{n}" for i, n in by_id]
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "") or "none"
