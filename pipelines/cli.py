@@ -26,11 +26,14 @@ LAUNCHED_ENV = "PIPELINES_LAUNCHED"  # the launcher's pid, set by pipelines.laun
 
 
 def parse_args(description: str, argv: list[str] | None, *, params: bool = True, overrides: bool = False,
-               **paths: str) -> argparse.Namespace:
+               arguments: Callable[[argparse.ArgumentParser], None] | None = None, **paths: str) -> argparse.Namespace:
     """A stage's command line: ``--params`` (default ``params.yaml``), with ``overrides`` also ``--set
     KEY=VALUE`` (repeatable, applied over the file), and one required path option per keyword,
-    ``--some-name`` for ``some_name``, whose value is its help text."""
+    ``--some-name`` for ``some_name``, whose value is its help text. ``arguments``, if given, adds a command's
+    own (positional ones, options with defaults) to the parser first."""
     parser = argparse.ArgumentParser(description=description)
+    if arguments is not None:
+        arguments(parser)
     if params:
         parser.add_argument("--params", default="params.yaml", help="the parameters file")
     if overrides:

@@ -17,11 +17,15 @@ PALETTE = ("#e6194b", "#3cb44b", "#ffe119", "#4363d8", "#f58231", "#911eb4", "#4
 
 
 def draw_sample(image: torch.Tensor, target: dict, names: Sequence[str]) -> torch.Tensor:
-    """``image`` (uint8 [3, H, W]) with its boxes outlined, one colour per class, class names on top."""
+    """``image`` (uint8 [3, H, W]) with its boxes outlined, one colour per class, class names on top (with
+    the score, where ``target`` has ``scores``: detections)."""
     labels = target["labels"].tolist()
     if not labels:
         return image
-    return draw_bounding_boxes(image, target["boxes"], labels=[names[k] for k in labels],
+    captions = [names[k] for k in labels]
+    if "scores" in target:
+        captions = [f"{caption} {score:.2f}" for caption, score in zip(captions, target["scores"].tolist())]
+    return draw_bounding_boxes(image, target["boxes"], labels=captions,
                                colors=[PALETTE[k % len(PALETTE)] for k in labels], width=2)
 
 

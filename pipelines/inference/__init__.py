@@ -1,3 +1,2 @@
-"""Inference outside training: the detector's network exported to ONNX with its model card, and the
-torch-free path that runs it (decode, resize and pad; ONNX Runtime; post-processing with torchvision's
-FCOS semantics)."""
+"""Using a trained detector outside training: backends, sources, predictions, and the export to ONNX
+with its torch-free runtime (decode, resize and pad; ONNX Runtime; FCOS post-processing in numpy)."""
