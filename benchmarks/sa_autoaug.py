@@ -154,10 +154,11 @@ def default_training() -> dict:
     """What the COCO-scale case takes from the default configuration: the filler settings and the
     samples one loader worker augments per iteration."""
     p = params_from_dict(yaml.safe_load(compose_params(REPO, ["augment=sa_autoaug"])), source="conf/")
-    a, t = p.augment, p.train
-    workers = t.nproc * max(p.loader.num_workers, 1)
-    return {"filler_pool": a.filler_pool, "filler_pool_iters": a.filler_pool_iters,
-            "filler_cache_mb": a.filler_cache_mb, "samples_per_worker_iteration": max(t.ims_per_batch // workers, 1)}
+    augment, train = p.augment, p.train
+    workers = train.nproc * max(p.loader.num_workers, 1)
+    return {"filler_pool": augment.filler_pool, "filler_pool_iters": augment.filler_pool_iters,
+            "filler_cache_mb": augment.filler_cache_mb,
+            "samples_per_worker_iteration": max(train.ims_per_batch // workers, 1)}
 
 
 def time_full_calls(cases: dict, calls: int, rounds: int, warmup: int, clock=time.perf_counter) -> dict:

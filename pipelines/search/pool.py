@@ -41,11 +41,12 @@ class CandidatePool:
     """``with CandidatePool(proxy, baseline) as pool: search.run(pool.score)``."""
 
     def __init__(self, proxy: Proxy, baseline: dict[str, float]):
-        s = proxy.params.search
+        search = proxy.params.search
         self.proxy, self.baseline = proxy, baseline
         context = multiprocessing.get_context("spawn")
-        self.executor = ProcessPoolExecutor(max_workers=s.candidates_at_once, mp_context=context, initializer=_start,
-                                            initargs=(proxy, s.threads, os.getpid(), context.Value("i", 0)))
+        self.executor = ProcessPoolExecutor(max_workers=search.candidates_at_once, mp_context=context,
+                                            initializer=_start,
+                                            initargs=(proxy, search.threads, os.getpid(), context.Value("i", 0)))
 
     def __enter__(self) -> CandidatePool:
         return self
