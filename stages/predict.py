@@ -50,7 +50,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, params=False, arguments=_arguments, model="the model file (.pth, or an exported .onnx)",
+    args = cli.parse_args(__doc__, argv, params=False, arguments=_arguments,
+                          model="the model file (.pth, or an exported .onnx)",
                           out="output folder (replaced when the run is complete)")
     _check(args)
     backend, device, evaluate, (min_size, max_size, divisibility, max_pixels) = _model(args)
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     with atomic_dir(args.out) as folder:
         outputs = Outputs(folder, categories=backend.categories, ground_truth=ground_truth)
         report = runner.Runner(backend, outputs, settings).run(inputs)
-        metrics = ground_truth.score(outputs.predictions, backend=evaluate.backend if evaluate else "pycocotools") if ground_truth else None
+        scorer = evaluate.backend if evaluate is not None else "pycocotools"
+        metrics = ground_truth.score(outputs.predictions, backend=scorer) if ground_truth else None
         if metrics is not None:
             log.info("COCO box metrics on %d images of %s:\n%s", len(ground_truth.matched), args.coco_gt,
                      metrics.summary)
@@ -93,7 +95,8 @@ def _model(args: argparse.Namespace):
     """
     if onnx_backend.is_onnx(args.model):
         if args.device not in (None, "cpu"):
-            raise ConfigError(f"--device {args.device}: an .onnx model runs on the CPU (ONNX Runtime); use --device cpu")
+            raise ConfigError(f"--device {args.device}: an .onnx model runs on the CPU (ONNX Runtime); "
+                              "use --device cpu")
         if args.tta and args.params is None:
             raise ConfigError("--tta with an .onnx model: give --params FILE (its evaluate.tta_* settings)")
         device = torch_backend.choose_device("cpu")

@@ -114,8 +114,8 @@ def _predict(args: list[str], capsys) -> tuple[list[dict], dict]:
 @pytest.mark.parametrize("tta", [False, True], ids=["plain", "tta"])
 def test_onnx_predicts_as_the_pth_it_was_exported_from(in_workspace, capsys, tta):
     extra = ["--params", "params.yaml", "--batch", "1", "--vis-thresh", "0.9"] + (["--tta"] if tta else [])
-    torch_found, torch_summary = _predict(["images", "--model", "model_final.pth", "--out", f"torch{tta}", "--precision", "fp32", *extra],
-                                          capsys)
+    torch_found, torch_summary = _predict(["images", "--model", "model_final.pth", "--out", f"torch{tta}",
+                                           "--precision", "fp32", *extra], capsys)
     onnx_found, summary = _predict(["images", "--model", "export/model.onnx", "--out", f"onnx{tta}", *extra], capsys)
     rate, worst, total = match(torch_found, onnx_found)
     print(f"tta={tta}: {total} detections, match rate {rate:.4f}, max score difference {worst:.2e}")
