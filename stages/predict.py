@@ -3,24 +3,27 @@ DVC stage).
 
 ``python -m stages.predict SOURCE... --model outputs/train/model_final.pth --out DIR`` writes into DIR
 (replaced only once complete) an annotated copy of each input at its relative path, ``predictions.json``
-(COCO results), ``coco.json`` (the images and categories they refer to) and ``summary.json``. The model's
-params come from ``dvc.lock``'s train entry, or from ``--params``. An input that cannot be read is skipped
+(COCO results), ``coco.json`` (the images and categories they refer to) and ``summary.json``. MODEL is a
+train stage's ``.pth`` (PyTorch; its params from ``dvc.lock``'s train entry, or from ``--params``) or an
+exported ``.onnx`` (ONNX Runtime in fp32 on the CPU; resize, pixel cap and categories from its model card,
+``--params`` only for ``--tta``'s settings and the COCO evaluator). An input that cannot be read is skipped
 with one line and listed in ``summary.json`` (``--strict``: the run stops instead, exit 2, nothing written).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 from pathlib import Path
 
 from pipelines import cli
-from pipelines.build import data as build_data
 from pipelines.build.model import USE_PRECISIONS
+from pipelines.config.load import load_params
+from pipelines.config.schema import Evaluate
+from pipelines.data.transforms import TestTimeAugmentation, build_transforms
 from pipelines.errors import ConfigError
 from pipelines.fileio import atomic_dir
-from pipelines.inference import runner, sources, torch_backend
+from pipelines.inference import onnx_backend, runner, sources, torch_backend
 from pipelines.inference.backend import describe
 from pipelines.inference.ground_truth import GroundTruth
 from pipelines.inference.outputs import Outputs
@@ -47,12 +50,11 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, params=False, arguments=_arguments, model="the model file (.pth)",
+    args = cli.parse_args(__doc__, argv, params=False, arguments=_arguments,
+                          model="the model file (.pth, or an exported .onnx)",
                           out="output folder (replaced when the run is complete)")
     _check(args)
-    device = torch_backend.choose_device(args.device)
-    backend, p = torch_backend.load(args.model, device=device, precision=args.precision, params_file=args.params,
-                                    score_thresh=args.score)
+    backend, device, evaluate, (min_size, max_size, divisibility, max_pixels) = _model(args)
     backend.compute.announce(log)
     ground_truth = GroundTruth(args.coco_gt) if args.coco_gt is not None else None
     if ground_truth is not None:
@@ -60,16 +62,17 @@ def main(argv: list[str] | None = None) -> None:
     inputs = sources.expand(args.sources, exclude=args.out)
     if not inputs:
         raise ConfigError(f"SOURCE {' '.join(args.sources)}: no image or video found")
-    evaluate = dataclasses.replace(p.evaluate, tta=args.tta)
+    tta = (TestTimeAugmentation(tuple(evaluate.tta_scales), evaluate.tta_max_size, evaluate.tta_flip)
+           if args.tta else None)
     settings = runner.Settings(
-        transforms=build_data.test_transforms(p), size_divisibility=p.loader.size_divisibility,
-        tta=build_data.test_time_augmentation(dataclasses.replace(p, evaluate=evaluate)),
-        max_pixels=p.dataset.max_image_pixels, device=device, batch=args.batch, vid_stride=args.vid_stride,
+        transforms=build_transforms(min_sizes=[min_size], max_size=max_size), size_divisibility=divisibility,
+        tta=tta, max_pixels=max_pixels, device=device, batch=args.batch, vid_stride=args.vid_stride,
         vis_thresh=args.vis_thresh, strict=args.strict)
     with atomic_dir(args.out) as folder:
         outputs = Outputs(folder, categories=backend.categories, ground_truth=ground_truth)
         report = runner.Runner(backend, outputs, settings).run(inputs)
-        metrics = ground_truth.score(outputs.predictions, backend=p.evaluate.backend) if ground_truth else None
+        scorer = evaluate.backend if evaluate is not None else "pycocotools"
+        metrics = ground_truth.score(outputs.predictions, backend=scorer) if ground_truth else None
         if metrics is not None:
             log.info("COCO box metrics on %d images of %s:\n%s", len(ground_truth.matched), args.coco_gt,
                      metrics.summary)
@@ -80,6 +83,33 @@ def main(argv: list[str] | None = None) -> None:
                         **({"coco_gt": str(args.coco_gt), "metrics": metrics.stats} if metrics else {})})
     log.info("%d images, %d videos (%d frames), %d detections, %d skipped: %s", report.images, report.videos,
              report.frames, report.detections, len(report.skipped), args.out)
+
+
+def _model(args: argparse.Namespace):
+    """The backend ``--model`` names (by its suffix), the device it runs on, the ``evaluate`` params section
+    (None for an ``.onnx`` without ``--params``) and the model's test resize ``(min_size, max_size,
+    size_divisibility, max_image_pixels)``.
+
+    Raises:
+        CheckpointError: the model file cannot be used. ConfigError: the params or ``--device`` cannot.
+    """
+    if onnx_backend.is_onnx(args.model):
+        if args.device not in (None, "cpu"):
+            raise ConfigError(f"--device {args.device}: an .onnx model runs on the CPU (ONNX Runtime); "
+                              "use --device cpu")
+        if args.tta and args.params is None:
+            raise ConfigError("--tta with an .onnx model: give --params FILE (its evaluate.tta_* settings)")
+        device = torch_backend.choose_device("cpu")
+        backend = onnx_backend.load(args.model, score_thresh=args.score)
+        evaluate: Evaluate | None = load_params(args.params).evaluate if args.params is not None else None
+        card = backend.card
+        return backend, device, evaluate, (card.min_size_test, card.max_size_test, card.size_divisibility,
+                                           card.max_image_pixels)
+    device = torch_backend.choose_device(args.device)
+    backend, p = torch_backend.load(args.model, device=device, precision=args.precision, params_file=args.params,
+                                    score_thresh=args.score)
+    return backend, device, p.evaluate, (p.model.min_size_test, p.model.max_size_test, p.loader.size_divisibility,
+                                         p.dataset.max_image_pixels)
 
 
 def _check(args: argparse.Namespace) -> None:
