@@ -17,7 +17,7 @@ from benchmarks import sa_autoaug as sa_autoaug_benchmark
 from benchmarks.coco_scale import COCO_CATEGORY_IDS, make_coco_scale, write_coco_scale
 from pipelines.build import data as build_data
 
-from .conftest import COCO_REAL, REPO
+from .conftest import COCO_REAL, REPO, require
 
 
 def test_generator_is_deterministic_and_shaped_like_coco(tmp_path):
@@ -299,3 +299,34 @@ def test_fresh_clone_benchmark_refuses_a_workdir_that_holds_files(tmp_path):
     with pytest.raises(fresh_clone.FreshCloneError, match=r"--workdir .*: expected an empty or new folder"):
         fresh_clone.main(["--workdir", str(tmp_path), "--no-tests"])
     assert [p.name for p in tmp_path.iterdir()] == ["kept.txt"]
+
+
+def test_predict_benchmark_quick_run_times_every_case_side_by_side(capsys, one_thread):
+    """Two real photos, every case once (PyTorch fp32 and auto, ONNX Runtime torch-free and behind predict's
+    runner) with a random-weight model of 80 COCO categories exported on the way; the table reads the figures."""
+    from benchmarks import predict as predict_benchmark
+
+    require(COCO_REAL)
+    predict_benchmark.main(["--quick", "--random", "--threads", "1", "--json"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(figures["cases"]) == set(predict_benchmark.CASES)
+    assert figures["settings"]["photos"] == 2 and figures["settings"]["threads"] == 1
+    assert figures["model"]["weights"] == "random" and figures["model"]["categories"] == 80
+    assert figures["model"]["export_seconds"] > 0
+    for case in figures["cases"].values():
+        assert case["images_per_second"] > 0 and len(case["seconds"]) == 1
+    assert figures["cases"]["torch_fp32"]["vs_baseline"] == 1
+    assert figures["cases"]["torch_auto"]["precision"] == figures["settings"]["auto_precision"]
+    # the same network and post-processing: ONNX Runtime keeps as many detections as PyTorch fp32
+    found = {name: case["detections_per_image"] for name, case in figures["cases"].items()}
+    assert found["onnx_runner"] == found["torch_fp32"]
+    table = predict_benchmark.table(figures)
+    assert "| `onnx`: ONNX Runtime, torch-free" in table and "random weights" in table and "goal >= 2x" in table
+
+
+def test_predict_benchmark_without_the_photos_says_so_in_one_line(tmp_path):
+    from benchmarks import predict as predict_benchmark
+    from pipelines.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"images: folder not found; the benchmark times predict on the real photos"):
+        predict_benchmark.main(["--photos", str(tmp_path), "--random"])
