@@ -17,6 +17,8 @@ medians), each pass decoding every photo from its file again:
   runs it (predict's reader and resize, the numpy post-processing).
 
 End to end: decode, resize, network, post-processing; drawing and writing the outputs are left out.
+After the timed passes, the ``onnx`` path is timed step by step (decode, resize and pad, the graph, the
+post-processing) and predict's reader alone, to say where the time goes.
 The model is ``--model FILE.pth`` (default ``outputs/train/model_final.pth`` where it exists) with its
 params (``--params``, else ``dvc.lock``'s train entry), or, with ``--random`` or without a trained
 model, the detector of ``params.yaml`` with random weights and the photos' 80 COCO categories: random
@@ -50,9 +52,12 @@ from pipelines import checkpoint, cli, hardware
 from pipelines.build import data as build_data
 from pipelines.build import model as build_model
 from pipelines.config.load import load_params
+from pipelines.data.decode import decode_image
 from pipelines.errors import ConfigError
 from pipelines.inference import onnx_backend, onnx_export, runner, torch_backend
 from pipelines.inference.onnx_runtime import OnnxDetector
+from pipelines.inference.postprocess import detections
+from pipelines.inference.preprocess import decode, prepare
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = REPO.parent / "shared" / "data" / "coco-real-33"
@@ -165,6 +170,41 @@ def measure(cases: dict[str, Callable[[list[str]], list[int]]], batches: list[li
     return {name: {"seconds": seconds[name], "detections": detections[name]} for name in names}
 
 
+def breakdown(detector: OnnxDetector, batches: list[list[str]], *, repeats: int) -> dict[str, float]:
+    """Milliseconds per image of each step of the torch-free path (PIL decode, resize and pad, the graph,
+    the numpy post-processing), and of predict's reader alone (torchvision's decoder), medians of ``repeats``
+    passes after the timed ones."""
+    card = detector.card
+    steps: dict[str, list[float]] = {name: [] for name in ("decode", "resize_pad", "network", "postprocess",
+                                                            "torch_decode")}
+    count = sum(len(batch) for batch in batches)
+    for _ in range(repeats):
+        took = dict.fromkeys(steps, 0.0)
+        for batch in batches:
+            start = time.perf_counter()
+            pixels = [decode(path, max_pixels=card.max_image_pixels).pixels for path in batch]
+            decoded = time.perf_counter()
+            padded = prepare(pixels, min_size=card.min_size_test, max_size=card.max_size_test,
+                             size_divisibility=card.size_divisibility)
+            prepared = time.perf_counter()
+            outputs = detector.network(padded.images)
+            networked = time.perf_counter()
+            detections(outputs["cls_logits"], outputs["bbox_regression"], outputs["bbox_ctrness"],
+                       padded_size=padded.padded_size, image_sizes=padded.image_sizes,
+                       anchor_sizes=card.anchor_sizes, thresholds=detector.thresholds)
+            done = time.perf_counter()
+            for path in batch:
+                decode_image(path, max_pixels=card.max_image_pixels)
+            read = time.perf_counter()
+            for name, seconds in (("decode", decoded - start), ("resize_pad", prepared - decoded),
+                                  ("network", networked - prepared), ("postprocess", done - networked),
+                                  ("torch_decode", read - done)):
+                took[name] += seconds
+        for name in steps:
+            steps[name].append(1000 * took[name] / count)
+    return {name: statistics.median(values) for name, values in steps.items()}
+
+
 def benchmark(*, model: Path | None, params: Path | None, folder: Path, images: int | None, batch: int,
               threads: int, repeats: int, warmup: int, workdir: Path) -> dict:
     load_at_start = os.getloadavg()[0]
@@ -186,11 +226,12 @@ def benchmark(*, model: Path | None, params: Path | None, folder: Path, images: 
              "onnx": torch_free(detector), "onnx_runner": through_runner(onnx_backend.OnnxBackend(detector), p)}
     batches = [files[k:k + batch] for k in range(0, len(files), batch)]
     measured = measure(cases, batches, repeats=repeats, warmup=warmup)
+    steps = breakdown(detector, batches, repeats=repeats)
 
     precisions = {"torch_fp32": fp32.precision, "torch_auto": auto.precision, "onnx": "fp32", "onnx_runner": "fp32"}
     layouts = {"torch_fp32": fp32.compute.channels_last, "torch_auto": auto.compute.channels_last,
                "onnx": False, "onnx_runner": False}
-    figures: dict = {"cases": {}}
+    figures: dict = {"cases": {}, "steps_ms": steps}
     for name, m in measured.items():
         median = statistics.median(m["seconds"])
         figures["cases"][name] = {"precision": precisions[name], "channels_last": layouts[name],
@@ -243,6 +284,20 @@ def table(f: dict) -> str:
         lines.append(f"| `{name}`: {CASES[name]} | {c['precision']}{layout} | {c['images_per_second']:.2f} | "
                      f"{c['ms_per_image']:.1f} | {ratio} | {c['detections_per_image']:.1f} |")
     g = f["goals"]
+    if "steps_ms" in f:
+        ms = f["steps_ms"]
+        total = sum(ms[k] for k in ("decode", "resize_pad", "network", "postprocess"))
+        lines += [
+            "",
+            "| `onnx` step by step, ms/image | decode (PIL) | resize + pad (PIL) | network (ONNX Runtime) | "
+            "post-processing (numpy) | sum |",
+            "|---|---|---|---|---|---|",
+            f"| same photos, batches and threads, after the passes above | {ms['decode']:.1f} | "
+            f"{ms['resize_pad']:.1f} | {ms['network']:.1f} | {ms['postprocess']:.1f} | {total:.1f} |",
+            "",
+            f"predict's reader alone (torchvision.io's decoder, the PyTorch cases'): {ms['torch_decode']:.1f} "
+            "ms/image.",
+        ]
     lines += [
         "",
         f"- ONNX Runtime (`onnx`) / PyTorch eager fp32: {g['onnx_vs_fp32']:.2f}x, goal >= "

@@ -313,6 +313,7 @@ def test_predict_benchmark_quick_run_times_every_case_side_by_side(capsys, one_t
     assert figures["settings"]["photos"] == 2 and figures["settings"]["threads"] == 1
     assert figures["model"]["weights"] == "random" and figures["model"]["categories"] == 80
     assert figures["model"]["export_seconds"] > 0
+    assert set(figures["steps_ms"]) == {"decode", "resize_pad", "network", "postprocess", "torch_decode"}
     for case in figures["cases"].values():
         assert case["images_per_second"] > 0 and len(case["seconds"]) == 1
     assert figures["cases"]["torch_fp32"]["vs_baseline"] == 1
