@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -68,6 +70,21 @@ def require(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"shared data not found at {path}")
     return path
+
+
+@pytest.fixture(scope="module")
+def base_params() -> dict:
+    """params.yaml as a dict, for tests that change a copy of it."""
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+@pytest.fixture
+def restore_logging():
+    """``cli.run`` points the root logger at the captured stderr; put the handlers back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
 
 
 @pytest.fixture

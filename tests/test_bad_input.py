@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import errno
 import json
-import logging
 import os
 import re
 import shutil
@@ -120,18 +119,7 @@ class Data:
                                real_images=self.images.resolve())
 
 
-@pytest.fixture(scope="module")
-def base_params() -> dict:
-    return yaml.safe_load((REPO / "params.yaml").read_text())
-
-
-@pytest.fixture(autouse=True)
-def restore_logging():
-    """``cli.run`` points the root logger at the captured stderr; put the handlers back afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 @pytest.fixture

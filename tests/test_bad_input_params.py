@@ -5,7 +5,6 @@ which holds the broken datasets)."""
 from __future__ import annotations
 
 import copy
-import logging
 import os
 import shutil
 import subprocess
@@ -24,18 +23,7 @@ from pipelines.config.load import load_params
 from .conftest import REPO, set_dotted
 
 
-@pytest.fixture(scope="module")
-def base_params() -> dict:
-    return yaml.safe_load((REPO / "params.yaml").read_text())
-
-
-@pytest.fixture(autouse=True)
-def restore_logging():
-    """``cli.run`` points the root logger at the captured stderr; put the handlers back afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 # --- names and numbers in params ------------------------------------------------------------------------------

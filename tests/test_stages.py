@@ -16,11 +16,6 @@ from pipelines.data.annotation_cache import AnnotationCache
 from .conftest import REPO, train_outputs
 
 
-@pytest.fixture(scope="module")
-def base_params() -> dict:
-    return yaml.safe_load((REPO / "params.yaml").read_text())
-
-
 def _write_params(path, params) -> str:
     path.write_text(yaml.safe_dump(params))
     return str(path)
