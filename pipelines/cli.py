@@ -19,7 +19,7 @@ from typing import NoReturn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .errors import STOP_SIGNALS, PipelineError, Stopped, first_line
+from .errors import STOP_SIGNALS, PipelineError, Stopped, clear_stops, first_line, raise_if_stopped, request_stop
 
 DEBUG_ENV = "PIPELINES_DEBUG"
 LAUNCHED_ENV = "PIPELINES_LAUNCHED"  # the launcher's pid, set by pipelines.launch for the processes it starts
@@ -73,11 +73,13 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
     program = getattr(main, "__module__", None) == "__main__"
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
+    clear_stops()
     stop, previous = _stop_on_signals()
     code: int | str | None = 0
     try:
         with logging_redirect_tqdm():  # a log record goes above the progress bar, not after its text on its line
             main(argv)
+            raise_if_stopped()  # a stop a finaliser swallowed still ends the run as a stop
     except (PipelineError, Stopped, Exception) as err:
         if os.environ.get(DEBUG_ENV):
             raise
@@ -96,6 +98,7 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
             raise
         code = exit_.code
     finally:
+        clear_stops()  # handled: a later run in this process starts without it
         for signum, handler in previous.items():  # those the stage did not replace with its own
             if signal.getsignal(signum) is stop:
                 signal.signal(signum, handler)
@@ -146,9 +149,10 @@ def exit_now(code: int | str | None = 0) -> NoReturn:
 def _stop_on_signals():
     """Make SIGTERM, SIGINT and SIGHUP alike: each raises :class:`Stopped` (``error: stopped by SIGINT``,
     exit code 128 + its number) unless the stage installs its own (training stops at an iteration
-    boundary after a checkpoint). Returns the handler and those it replaced (none off the main thread)."""
+    boundary after a checkpoint). Each stop is also recorded (:func:`~pipelines.errors.request_stop`), so
+    one raised inside a finaliser, where Python prints and drops it, still stops the stage. Returns the handler and those it replaced (none off the main thread)."""
     def stop(signum, _frame):
-        raise Stopped(f"stopped by {signal.Signals(signum).name}", signum=signum)
+        raise request_stop(signum)
 
     if threading.current_thread() is not threading.main_thread():
         return stop, {}

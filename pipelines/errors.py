@@ -62,6 +62,37 @@ class Stopped(BaseException):
         self.exit_code = 128 + int(signum)
 
 
+_STOPS: list[Stopped] = []  # the stops this process was asked for (see :func:`request_stop`)
+
+
+def request_stop(signum: int) -> Stopped:
+    """Record a stop signal and return the :class:`Stopped` to raise for it.
+
+    A signal handler's exception can be lost: Python runs the handler between any two bytecodes, also
+    inside a finaliser (``__del__``, a weakref callback), where an exception is printed as "ignored" and
+    the program runs on. The record survives that: :func:`raise_if_stopped` raises it again where an
+    output is about to be put in place, and :func:`pipelines.cli.run` exits with it."""
+    stop = Stopped(f"stopped by {signal.Signals(signum).name}", signum=signum)
+    _STOPS.append(stop)
+    return stop
+
+
+def pending_stop() -> Stopped | None:
+    """The first stop this process was asked for, if any."""
+    return _STOPS[0] if _STOPS else None
+
+
+def clear_stops() -> None:
+    """Forget the recorded stops (a new run in the same process starts without them)."""
+    _STOPS.clear()
+
+
+def raise_if_stopped() -> None:
+    """Raise the stop this process was asked for, if any (a stop a finaliser swallowed)."""
+    if _STOPS:
+        raise Stopped(str(_STOPS[0]), signum=_STOPS[0].exit_code - 128)
+
+
 class ImageError(DatasetError):
     """An image file is missing, is not a regular file, or cannot be decoded.
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import OutputError, first_line
+from .errors import OutputError, first_line, raise_if_stopped
 
 _UMASK = os.umask(0o022)  # reading the umask means setting it: put it straight back
 os.umask(_UMASK)
@@ -47,6 +47,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     try:
         tmp.mkdir()
         yield tmp
+        raise_if_stopped()  # a stop a finaliser swallowed: the previous output stays
         if path.exists() or path.is_symlink():
             path.rename(old)
         tmp.rename(path)
@@ -101,6 +102,7 @@ def atomic_file(path: str | Path, *, size: int | None = None) -> Iterator[Path]:
             tmp = f"/proc/self/fd/{anonymous}"
             os.chmod(tmp, 0o666 & ~_UMASK)  # as open() would create it (O_TMPFILE was asked for 0o600)
         yield Path(tmp)
+        raise_if_stopped()
         with open(tmp, "rb+") as f:  # on disk before the rename, so a power loss cannot leave it empty
             os.fsync(f.fileno())
         if anonymous is not None:

@@ -4,8 +4,11 @@ read-only file systems, mounted by the test where the machine allows it)."""
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +193,40 @@ def test_torchvision_write_png_fails_silently_on_a_full_disk_so_the_preview_is_e
         with pytest.raises(OutputError, match=r"preview\.png: no space left on device while writing it \(about "):
             augmentation_preview(Samples(), Samples(), count=2, iteration=0, path=full / "preview.png")
         assert list(full.iterdir()) == []
+
+
+def test_a_stop_a_finaliser_swallowed_still_stops_the_stage_and_keeps_the_previous_output(tmp_path):
+    """Python runs a signal handler between any two bytecodes, also inside a ``__del__``, where the raised
+    :class:`Stopped` is printed as "ignored" and the program runs on (how a stopped prepare once ran to the
+    end and exited 0). The recorded stop is raised again before the output is put in place, and the stage
+    exits with it."""
+    program = f"""
+import os, signal, sys
+from pathlib import Path
+from pipelines import cli
+from pipelines.fileio import atomic_dir
+
+class Finalised:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGHUP)  # the handler runs here, inside the finaliser
+        for _ in range(1000):
+            pass
+
+def main(argv):
+    with atomic_dir(Path({str(tmp_path / 'out')!r})) as tmp:
+        (tmp / "file").write_text("new")
+        Finalised()  # dropped at once: its __del__ swallows the stop
+        (tmp / "more").write_text("written after the stop")
+
+cli.run(main)
+"""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "file").write_text("previous")
+    env = {k: v for k, v in os.environ.items() if k != "PIPELINES_DEBUG"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+    assert "ignored" in done.stderr  # the finaliser did swallow it
+    assert done.returncode == 128 + signal.SIGHUP, done.stderr
+    assert "error: stopped by SIGHUP" in done.stderr.splitlines()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert (tmp_path / "out" / "file").read_text() == "previous"
