@@ -213,7 +213,15 @@ def write_json(path: str | Path, obj: Any, *, indent: int | None = 2) -> None:
 
 def file_sha256(path: str | Path) -> str:
     """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
+    return _file_digest(path, hashlib.sha256())
+
+
+def file_md5(path: str | Path) -> str:
+    """Hex MD5 of a file's bytes (what DVC records for a file in ``dvc.lock``)."""
+    return _file_digest(path, hashlib.md5())
+
+
+def _file_digest(path: str | Path, digest) -> str:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)

@@ -87,7 +87,7 @@ def graph():
 
 @pytest.mark.parametrize("stage, module", [
     ("prepare", "prepare"), ("cache", "cache"), ("train", "train"), ("evaluate", "evaluate"),
-    ("search/dvc.yaml:holdout", "holdout"), ("search/dvc.yaml:cache", "cache"), ("search/dvc.yaml:baseline", "train"),
+    ("export", "export"), ("search/dvc.yaml:holdout", "holdout"), ("search/dvc.yaml:cache", "cache"), ("search/dvc.yaml:baseline", "train"),
     ("search/dvc.yaml:search", "search")])
 def test_dvc_deps_list_exactly_the_code_each_stage_imports(graph, stage, module):
     modules, deps = _stages()[stage]

@@ -72,11 +72,12 @@ def test_transforms(p: Params) -> Compose:
     return build_transforms(min_sizes=[p.model.min_size_test], max_size=p.model.max_size_test)
 
 
-def test_time_augmentation(p: Params) -> TestTimeAugmentation | None:
-    """The extra test-time views of ``p.evaluate``, or ``None`` when ``evaluate.tta`` is off."""
+def test_time_augmentation(p: Params, *, always: bool = False) -> TestTimeAugmentation | None:
+    """The extra test-time views of ``p.evaluate``, or ``None`` when ``evaluate.tta`` is off (``always``:
+    the views ``evaluate.tta_*`` describe, even then)."""
     evaluate = p.evaluate
     return (TestTimeAugmentation(tuple(evaluate.tta_scales), evaluate.tta_max_size, evaluate.tta_flip)
-            if evaluate.tta else None)
+            if evaluate.tta or always else None)
 
 
 def test_loader(p: Params, dataset, *, rank: int, world_size: int):

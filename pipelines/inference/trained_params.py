@@ -10,7 +10,6 @@ test-time augmentation, ``dataset.max_image_pixels``). A ``--params`` file is ta
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -21,6 +20,7 @@ from ..config.load import load_params, params_from_dict
 from ..config.schema import Params
 from ..config.yamlio import parse_yaml, read_yaml_text
 from ..errors import ConfigError
+from ..fileio import file_md5
 
 log = logging.getLogger(__name__)
 LOCK = "dvc.lock"
@@ -93,7 +93,7 @@ def _check_recorded(model_file: Path, stage: dict, lock: Path) -> None:
     target = os.path.realpath(model_file)
     for out in stage.get("outs") or []:
         if isinstance(out, dict) and os.path.realpath(lock.parent / str(out.get("path", ""))) == target:
-            if out.get("md5") == _md5(model_file):
+            if out.get("md5") == file_md5(model_file):
                 return
             log.warning("%s: not the file %s records (md5 differs): the model is rebuilt with the params of the "
                         "train stage recorded there; give --params FILE if it was trained with others",
@@ -103,9 +103,3 @@ def _check_recorded(model_file: Path, stage: dict, lock: Path) -> None:
                 "--params FILE if it was trained with others", model_file, TRAIN_STAGE, lock)
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
