@@ -6,7 +6,7 @@ every ``dvc exp run``, so the profile is passed to each run.
 
 - ``python .ci/pipeline_check.py`` (``.ci/run``, after the tests): a copy of the working tree runs
   ``dvc exp run -S profile=ci``; the results are committed; then ``dvc exp run -S profile=ci -S CHANGE``
-  (``--change``, default ``augment.box_prob=0.5``) must re-run only train and evaluate, with prepare and
+  (``--change``, default ``augment.box_prob=0.5``) must re-run only train, evaluate and export, with prepare and
   cache reported unchanged.
 - ``python .ci/pipeline_check.py --base REV --head REV`` (``.github/workflows/pipeline.yml``): the profile
   on the base revision, then on the head revision in the same repository, so stages whose code, params
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "ci", "GIT_AUTHOR_EMAIL": "ci@localhost", "GIT_COMMITTER_NAME": "ci",
                 "GIT_COMMITTER_EMAIL": "ci@localhost"}
-DOWNSTREAM = {"train", "evaluate"}  # what a change of an augmentation parameter must re-run, and nothing else
+DOWNSTREAM = {"train", "evaluate", "export"}  # what a change of an augmentation parameter must re-run, and nothing else
 
 
 class CheckError(Exception):
@@ -133,7 +133,7 @@ def check(*, profile: str, change: str | None, base: str | None, head: str | Non
     print(f"changed ({label}): ran {', '.join(sorted(ran)) or 'nothing'}; unchanged: "
           f"{', '.join(sorted(unchanged)) or 'nothing'} ({seconds:.0f} s)", flush=True)
     if not base and (ran != DOWNSTREAM or not {"prepare", "cache"} <= unchanged):
-        raise CheckError(f"after {change}, expected exactly train and evaluate to re-run with prepare and cache "
+        raise CheckError(f"after {change}, expected exactly train, evaluate and export to re-run with prepare and cache "
                          f"unchanged; ran {sorted(ran)}, unchanged {sorted(unchanged)}")
     before = f"`{base}`" if base else "baseline"
     after = f"`{head}`" if base else f"`{change}`"

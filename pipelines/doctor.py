@@ -12,9 +12,11 @@ warm-up step and :data:`PROBE_STEPS` timed ones, with the threads a training pro
 inference batch at the test size. The prediction adds up
 
     STARTUP_S + prepare + train images / (nproc x probe rate x PARALLEL) + val images x views / inference rate
+    + EXPORT_S + val images x export views / inference rate
 
 (views: 1, or with ``evaluate.tta`` one plus each extra scale's area relative to the test size,
-doubled with flips)
+doubled with flips; export views: the export's parity runs the test-size view twice and then all the
+test-time views, in PyTorch and in ONNX Runtime, whether or not ``evaluate.tta`` is on)
 
 with the constants measured on both CPU classes (``docs/hardware.md`` gives the measurements and
 the prediction next to the real time). ``--no-probe`` leaves the probe out; ``--json`` prints one JSON
@@ -51,6 +53,7 @@ PROBE_STEPS = 3
 PARALLEL = 0.88
 STARTUP_S = 45.0
 PREPARE_S_PER_IMAGE = 0.016
+EXPORT_S = 20.0  # the ONNX exporter and the export stage's start-up
 
 
 @dataclass
@@ -140,16 +143,19 @@ def predict_seconds(p: Params, found: Probe) -> dict[str, float] | None:
         "prepare": (dataset.train_size + dataset.val_size) * PREPARE_S_PER_IMAGE,
         "train": p.train.max_iter * p.train.ims_per_batch / (p.train.nproc * found.train_images_per_s * PARALLEL),
         "evaluate": dataset.val_size * _views(p) / (p.train.nproc * found.inference_images_per_s),
+        "export": EXPORT_S + dataset.val_size * (4 + 2 * _views(p, always=True))
+        / (p.train.nproc * found.inference_images_per_s),
         "start-up (processes, DVC, MLflow)": STARTUP_S,
     }
     parts["total"] = sum(parts.values())
     return parts
 
 
-def _views(p: Params) -> float:
-    """Inference work per val image in test-size views: 1, plus each test-time scale's area, doubled by flips."""
+def _views(p: Params, *, always: bool = False) -> float:
+    """Inference work per val image in test-size views: 1, plus each test-time scale's area, doubled by flips
+    (only with ``evaluate.tta``, unless ``always``)."""
     evaluate = p.evaluate
-    if not evaluate.tta:
+    if not (evaluate.tta or always):
         return 1.0
     views = 1 + sum((scale / p.model.min_size_test) ** 2 for scale in evaluate.tta_scales)
     return views * (2 if evaluate.tta_flip else 1)

@@ -92,8 +92,8 @@ def _lineage(repo: Path, name: str) -> subprocess.CompletedProcess:
 COCO_FIGURES = ["AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"]
 
 
-def test_repro_runs_four_stages_and_records_a_training_and_an_evaluation_run(repo):
-    assert _repro(repo) == {"prepare", "cache", "train", "evaluate"}
+def test_repro_runs_five_stages_and_records_a_training_and_an_evaluation_run(repo):
+    assert _repro(repo) == {"prepare", "cache", "train", "evaluate", "export"}
     # the policy search (search/pipeline.yaml) is a pipeline of its own, which DVC sees only once `make search`
     # links it: the default repro never starts it, and DVC's commands over every pipeline find nothing missing
     assert not (repo / "search" / "outputs").exists() and not (repo / "search" / "data").exists()
@@ -122,12 +122,20 @@ def test_repro_runs_four_stages_and_records_a_training_and_an_evaluation_run(rep
     assert "metrics/per_category.json" not in plots  # no second, default chart of the same file
     counts = {row["item"]: row["count"] for row in plots["Dataset counts"][0]["content"]["data"]["values"]}
     assert counts["train: images"] == 16 and counts["val: images"] == 6 and "train: boxes of circle" in counts
-    assert set(shown) == {"metrics/eval.json", "metrics/run.json"}  # headline figures only, however many classes
+    assert set(shown) == {"metrics/eval.json", "metrics/run.json", "metrics/export.json"}  # however many classes
+    export = shown["metrics/export.json"]["data"]  # the ONNX export's parity, measured in the stage
+    assert export["match_rate"] >= 0.99 and export["max_abs_diff"] <= 1e-3 and export["detections"] > 0
+    for kind in ("", "_tta"):
+        assert abs(export[f"ap_onnx{kind}"] - export[f"ap_torch{kind}"]) <= 0.002
+    card = json.loads((repo / "outputs" / "export" / "model.json").read_text())
+    locked = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train"]["outs"]
+    assert card["weights_md5"] == next(o["md5"] for o in locked if o["path"] == "outputs/train/model_final.pth")
 
     client, runs = _runs(repo)
     (training,), (evaluation,) = _runs(repo, "train")[1], _runs(repo, "evaluate")[1]
     assert len(runs) == 2  # one training and one evaluation run, not one per process
     assert run_ids == {"mlflow_run_id": evaluation.info.run_id, "mlflow_training_run_id": training.info.run_id}
+    assert export["mlflow_run_id"] == card["mlflow_run_id"] == training.info.run_id
     params = yaml.safe_load((repo / "params.yaml").read_text())
     assert training.data.params["train.base_lr"] == str(params["train"]["base_lr"])
     assert training.data.params["dataset.name"] == "synthetic"
@@ -268,7 +276,7 @@ def test_switching_the_augmentation_preset_and_the_learning_rate_reruns_train_an
     params["augment"] = augment
     params["train"]["base_lr"] = 0.0005
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert _repro(repo) == {"train", "evaluate"}
+    assert _repro(repo) == {"train", "evaluate", "export"}
     client, runs = _runs(repo, "train")
     latest = max(runs, key=lambda r: r.info.start_time)
     assert latest.data.params["augment.name"] == "flip"
@@ -646,7 +654,7 @@ def test_an_unreachable_tracking_store_does_not_stop_training_or_evaluation(repo
     env = {**_env(), "MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # nothing listens on port 9
     done = subprocess.run(["dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert set(re.findall(r"Running stage '(\w+)'", done.stdout)) == {"prepare", "cache", "train", "evaluate"}
+    assert set(re.findall(r"Running stage '(\w+)'", done.stdout)) == {"prepare", "cache", "train", "evaluate", "export"}
     assert json.loads((repo / "outputs" / "train" / "run.json").read_text())["run_id"] is None
     assert "MLflow store http://127.0.0.1:9 unreachable: this run is not tracked" in done.stderr
     assert json.loads((repo / "metrics" / "eval.json").read_text())["AP"] is not None
