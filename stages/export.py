@@ -4,8 +4,9 @@ Writes ``model.onnx`` and ``model.json`` (the card: categories, input contract, 
 training run, git commit, the weights' md5) into ``--out`` and the parity figures into ``--metrics``:
 ``max_abs_diff``, ``match_rate``, ``ap_torch``, ``ap_onnx``, ``ap_torch_tta``, ``ap_onnx_tta``
 (:mod:`pipelines.inference.parity`; the test-time views are ``evaluate.tta_*``'s, whether or not
-``evaluate.tta`` is on), with ``val_fingerprint`` (the val annotations' SHA-256) and the training run's ``mlflow_run_id``. The graph is
-fp32 whatever precision training used. Parity missed: one line naming the figures, and nothing written.
+``evaluate.tta`` is on), with ``val_fingerprint`` (the first 16 hex digits of the val annotations'
+SHA-256) and the training run's ``mlflow_run_id``. The graph is fp32 whatever precision training used.
+Parity missed: one line naming the figures, and nothing written.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         if failures := figures.failures():
             raise CheckpointError(f"{args.model}: the ONNX export misses parity: {'; '.join(failures)}; "
                                   f"nothing written to {args.out}")
-    write_json(args.metrics, {**figures.as_dict(), "val_fingerprint": cache.meta.get("source_sha256"), "mlflow_run_id": training_run_id})
+    write_json(args.metrics, {**figures.as_dict(), "val_fingerprint": str(cache.meta.get("source_sha256"))[:16],
+                              "mlflow_run_id": training_run_id})
 
 
 def _ap(value: float | None) -> str:

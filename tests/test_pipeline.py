@@ -184,6 +184,37 @@ def test_repro_runs_five_stages_and_records_a_training_and_an_evaluation_run(rep
     assert training.info.run_name.endswith(" (train)") and "evaluate." not in training.info.run_name
 
 
+def test_an_export_that_misses_parity_stops_in_one_line_and_replaces_nothing(repo, monkeypatch, capsys,
+                                                                               restore_logging):
+    """(The exporter and the measurement are stood in for: what is tested is what the stage does with
+    figures that miss, on the pipeline's real inputs.)"""
+    import shutil
+
+    import stages.export
+    from pipelines import cli
+    from pipelines.inference import onnx_export, parity
+
+    exported = repo / "outputs" / "export"
+    before = {p.name: p.read_bytes() for p in exported.iterdir()}
+    metrics_before = (repo / "metrics" / "export.json").read_bytes()
+    monkeypatch.setattr(onnx_export, "export", lambda detector, path, **_: [
+        shutil.copy(exported / name, path.parent / name) for name in ("model.onnx", "model.json")])
+    monkeypatch.setattr(parity, "measure", lambda *a, **k: parity.Parity(2e-3, 0.5, 10, 0.5, 0.4, 0.6, 0.6))
+    monkeypatch.chdir(repo)
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(stages.export.main, ["--cache", "data/cache", "--prepared", "data/prepared", "--model",
+                                     "outputs/train/model_final.pth", "--train-run", "outputs/train/run.json",
+                                     "--out", "outputs/export", "--metrics", "metrics/export.json"])
+    assert stopped.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line == ("error: outputs/train/model_final.pth: the ONNX export misses parity: max_abs_diff 0.002 (at "
+                    "most 0.001); match_rate 0.5000 (at least 0.99); ap_onnx 0.4 against ap_torch 0.5 (within "
+                    "0.002); nothing written to outputs/export")
+    assert {p.name: p.read_bytes() for p in exported.iterdir()} == before
+    assert (repo / "metrics" / "export.json").read_bytes() == metrics_before
+    assert not [p.name for p in exported.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+
 def test_what_a_run_writes_is_what_dvc_yaml_declares(repo):
     """Every file the pipeline wrote is a declared output of a stage (or inside one), or one of the
     deliberate exceptions: the resume state and the lock in ``outputs/train/checkpoints/`` (the train

@@ -15,7 +15,9 @@ The exporter is ``torch.onnx.export(..., dynamo=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,19 @@ class ExportedNetwork(nn.Module):
             regression, ctrness = self.regression_head([feature])
             outputs += [logits.reshape(n, h, w, -1), regression.reshape(n, h, w, 4), ctrness.reshape(n, h, w, 1)]
         return tuple(outputs)
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str):
+    """The exporter's libraries log every graph pass at INFO (hundreds of lines): warnings and errors only."""
+    levels = {name: logging.getLogger(name).level for name in loggers}
+    for name in loggers:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def anchor_sizes(detector: Detector) -> list[int]:
@@ -138,7 +153,7 @@ def export(detector: Detector, path: str | os.PathLike, *, categories: list[dict
     dynamic = {"images": {0: torch.export.Dim("batch", min=1, max=4096), 2: size_divisibility * blocks_h,
                           3: size_divisibility * blocks_w}}
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _quiet("onnx_ir", "onnxscript", "torch.onnx"):
             program = torch.onnx.export(network, (example_input(size_divisibility),), input_names=[INPUT_NAME],
                                         output_names=names, dynamic_shapes=dynamic, opset_version=opset,
                                         dynamo=True, verbose=False)
