@@ -68,6 +68,16 @@ def test_dvc_and_gto_declare_the_same_artifacts_at_outputs_of_their_stages():
         pytest.skip(f"no stage {absent} in dvc.yaml to check its artifact's path against")
 
 
+def _holding_out(pipeline: dict, variables: dict, name: str) -> str:
+    """The output entry, as written, of the stage that makes artifact ``name`` and holds its path (the path itself
+    where that stage is not in dvc.yaml)."""
+    path = Path(_resolve(pipeline["artifacts"][name]["path"], variables))
+    stage = pipeline["stages"].get(PRODUCED_BY[name], {})
+    written = [next(iter(e)) if isinstance(e, dict) else e for e in stage.get("outs", [])]
+    holding = [out for out in written if Path(_resolve(out, variables)) in (path, *path.parents)]
+    return holding[0] if holding else pipeline["artifacts"][name]["path"]
+
+
 def _env() -> dict:
     """No Studio token (``dvc artifacts get`` then reads the DVC remote), no MLflow settings; this venv's commands."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "GTO_", "GIT_"))}
@@ -102,12 +112,13 @@ def test_a_clone_registers_assigns_and_gets_the_artifacts_through_a_git_and_a_dv
     (repo / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
     (repo / ".dvc" / "config").write_text(f"[core]\n    analytics = false\n    remote = store\n"
                                           f"['remote \"store\"']\n    url = {dvc_remote}\n")
-    # the project's own vars and artifacts; one stage writes the bytes at each artifact's path, as DVC resolves it
+    # the project's own vars and artifacts; one stage writes the bytes at each artifact's path, as DVC resolves it,
+    # and tracks the output of the real stage that holds it (export's is a folder)
     artifacts = pipeline["artifacts"]
     (repo / "make.py").write_text(MAKE.replace("TOKEN", token))
     targets = [f"{name}={artifact['path']}" for name, artifact in artifacts.items()]
     stage = {"cmd": f"python make.py {' '.join(targets)}", "deps": ["make.py"],
-             "outs": [artifact["path"] for artifact in artifacts.values()]}
+             "outs": sorted({_holding_out(pipeline, variables, name) for name in artifacts})}
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"vars": pipeline["vars"], "stages": {"models": stage},
                                                    "artifacts": artifacts}, sort_keys=False))
     for name in ("artifacts.yaml", ".gto"):
