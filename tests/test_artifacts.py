@@ -24,7 +24,7 @@ PRODUCED_BY = {"detector-onnx": "export", "detector-pth": "train"}
 
 
 def _resolve(text: str, variables: dict) -> str:
-    """``text`` with each ``${paths.<name>}`` replaced from dvc.yaml's ``vars:`` (the only interpolation its paths use)."""
+    """``text`` with each ``${paths.<name>}`` replaced from dvc.yaml's ``vars:`` (its paths use no other)."""
     return re.sub(r"\$\{paths\.(\w+)\}", lambda m: variables["paths"][m.group(1)], text)
 
 
@@ -150,4 +150,5 @@ def test_a_clone_registers_assigns_and_gets_the_artifacts_through_a_git_and_a_dv
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     _run(elsewhere, "dvc", "artifacts", "get", f"file://{git_remote}", "detector-pth", "--stage", "prod")
-    assert (elsewhere / Path(_resolve(artifacts["detector-pth"]["path"], variables)).name).read_text() == f"detector-pth {token}\n"
+    weights = elsewhere / Path(_resolve(artifacts["detector-pth"]["path"], variables)).name
+    assert weights.read_text() == f"detector-pth {token}\n"
