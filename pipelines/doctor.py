@@ -15,8 +15,8 @@ inference batch at the test size. The prediction adds up
     + EXPORT_S + val images x export views / inference rate
 
 (views: 1, or with ``evaluate.tta`` one plus each extra scale's area relative to the test size,
-doubled with flips; export views: the export's parity runs the test-size view twice and then all the
-test-time views, in PyTorch and in ONNX Runtime, whether or not ``evaluate.tta`` is on)
+doubled with flips; export views: the export's parity runs the test-size view five times and all the
+test-time views twice, in PyTorch and in ONNX Runtime, whether or not ``evaluate.tta`` is on)
 
 with the constants measured on both CPU classes (``docs/hardware.md`` gives the measurements and
 the prediction next to the real time). ``--no-probe`` leaves the probe out; ``--json`` prints one JSON
@@ -143,7 +143,7 @@ def predict_seconds(p: Params, found: Probe) -> dict[str, float] | None:
         "prepare": (dataset.train_size + dataset.val_size) * PREPARE_S_PER_IMAGE,
         "train": p.train.max_iter * p.train.ims_per_batch / (p.train.nproc * found.train_images_per_s * PARALLEL),
         "evaluate": dataset.val_size * _views(p) / (p.train.nproc * found.inference_images_per_s),
-        "export": EXPORT_S + dataset.val_size * (4 + 2 * _views(p, always=True))
+        "export": EXPORT_S + dataset.val_size * (5 + 2 * _views(p, always=True))
         / (p.train.nproc * found.inference_images_per_s),
         "start-up (processes, DVC, MLflow)": STARTUP_S,
     }

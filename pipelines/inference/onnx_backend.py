@@ -2,8 +2,11 @@
 :class:`~.backend.Backend` interface, so that evaluation's detection and test-time augmentation code
 (:func:`pipelines.evaluation.detect`) runs on it unchanged.
 
-The graph runs on the padded ``uint8`` batch the caller builds (torch tensors are turned into numpy arrays
-at the call, and the detections back into tensors); post-processing is the shared numpy implementation
+Called as a :class:`~.backend.Backend`, the graph runs on the padded ``uint8`` batch the caller builds
+(torch tensors are turned into numpy arrays at the call, and the detections back into tensors). Predict
+uses it through :meth:`OnnxBackend.read` and :meth:`OnnxBackend.detect_images` instead: the torch-free path
+end to end, as the served model runs it and as the export's parity measures it (decoded and resized by
+:mod:`.preprocess`, test-time views by :mod:`.tta`). Post-processing is the shared numpy implementation
 (:mod:`.postprocess`) with the card's thresholds. It computes in fp32 on the CPU, with ONNX Runtime's
 threads from the project's thread budget (:func:`pipelines.hardware.threads_per_process`). The resize
 settings, pixel cap and categories come from the card: no params file is needed.
@@ -16,10 +19,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.transforms import TestTimeAugmentation
 from ..hardware import Compute, threads_per_process
 from .card import ModelCard
 from .onnx_runtime import OnnxDetector
 from .postprocess import Thresholds
+from .preprocess import decode
+from .tta import Views, detect_views
 
 SUFFIX = ".onnx"
 
@@ -54,6 +60,23 @@ class OnnxBackend:
 
     def eval(self) -> OnnxBackend:
         return self
+
+    def read(self, path: str, *, max_pixels: int) -> torch.Tensor:
+        """The image file at ``path`` decoded by :func:`.preprocess.decode` (within ``max_pixels``), as
+        ``uint8 [3, H, W]`` for drawing."""
+        return torch.from_numpy(decode(path, max_pixels=max_pixels).pixels).permute(2, 0, 1)
+
+    def detect_images(self, images: list[torch.Tensor], tta: TestTimeAugmentation | None) -> list[dict]:
+        """Detections in original pixels of ``uint8 [3, H, W]`` images as read, through the torch-free path:
+        resized and padded by :mod:`.preprocess` as the card says, with ``tta``'s views (:mod:`.tta`)."""
+        card, thresholds = self.card, self.thresholds
+        pixels = [image.permute(1, 2, 0).numpy() for image in images]
+        views = Views(tuple(tta.scales), tta.max_size, tta.flip) if tta is not None else None
+        found = detect_views(lambda batch, sizes: self.detector.detect(batch, sizes, thresholds=thresholds), pixels,
+                             min_size=card.min_size_test, max_size=card.max_size_test,
+                             size_divisibility=card.size_divisibility, thresholds=thresholds, views=views)
+        return [{"boxes": torch.from_numpy(d.boxes), "scores": torch.from_numpy(d.scores),
+                 "labels": torch.from_numpy(d.labels)} for d in found]
 
     def __call__(self, images: torch.Tensor, image_sizes: list[tuple[int, int]]) -> list[dict]:
         batch = images.detach().cpu().numpy().astype(np.uint8, copy=False)

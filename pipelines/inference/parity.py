@@ -11,7 +11,11 @@ detector in fp32 (:func:`measure`):
 * ``ap_onnx`` / ``ap_onnx_tta``: COCO AP of the export through the torch-free path end to end, as
   predict's ONNX backend and the served model run it: the image files decoded and resized by
   :mod:`.preprocess` (PIL, not torchvision), the graph in ONNX Runtime, :mod:`.postprocess` and
-  :mod:`.tta` (numpy). The same images go into the same batches as in evaluation.
+  :mod:`.tta` (numpy).
+
+The four AP figures are of one image at a time, as predict computes by default and the served model
+per request (a batch pads its images to the largest, which moves detections by a hair), so that
+``python -m stages.predict`` with ``--coco-gt`` on the split gives them again.
 
 :meth:`Parity.failures` says which figures miss the tolerances the export stage holds them to.
 """
@@ -26,6 +30,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..data.collate import Batch, pad_images
 from ..data.transforms import TestTimeAugmentation
 from ..evaluation import coco_evaluate, detect
 from ..model import Detector
@@ -141,7 +146,7 @@ def measure(detector: Detector, runtime: OnnxDetector, loader, *, image_paths: d
     network = ExportedNetwork(detector)
     backend = OnnxBackend(runtime)
     card, thresholds = runtime.card, backend.thresholds
-    views = Views(tuple(tta.scales), tta.max_size, tta.flip)
+    numpy_views = Views(tuple(tta.scales), tta.max_size, tta.flip)
     cpu = torch.device("cpu")
     worst, matched, total = 0.0, 0, 0
     found: dict[str, list[dict]] = {"torch": [], "onnx": [], "torch_tta": [], "onnx_tta": []}
@@ -156,15 +161,20 @@ def measure(detector: Detector, runtime: OnnxDetector, loader, *, image_paths: d
         same_batch = _as_numpy(detect(backend, batch, device=cpu, size_divisibility=size_divisibility))
         hits, count = match(reference, same_batch)
         matched, total = matched + hits, total + count
-        found["torch"] += _records(ids, reference, category_ids)
-        found["torch_tta"] += _records(ids, _as_numpy(detect(detector, batch, device=cpu, tta=tta,
-                                                              size_divisibility=size_divisibility)), category_ids)
-        pixels = [decode(image_paths[i], max_pixels=card.max_image_pixels).pixels for i in ids]
-        for key, extra in (("onnx", None), ("onnx_tta", views)):
-            own = detect_views(lambda images, sizes: runtime.detect(images, sizes, thresholds=thresholds), pixels,
-                               min_size=card.min_size_test, max_size=card.max_size_test,
-                               size_divisibility=card.size_divisibility, thresholds=thresholds, views=extra)
-            found[key] += _records(ids, own, category_ids)
+        for k, image_id in enumerate(ids):  # the figures of predict's default, one image at a time
+            height, width = batch.image_sizes[k]
+            single = Batch(pad_images([batch.images[k][:, :height, :width]], size_divisibility), [(height, width)],
+                           [batch.targets[k]], [batch.indices[k]])
+            for key, views in (("torch", None), ("torch_tta", tta)):
+                found[key] += _records([image_id], _as_numpy(detect(detector, single, device=cpu, tta=views,
+                                                                     size_divisibility=size_divisibility)),
+                                       category_ids)
+            pixels = [decode(image_paths[image_id], max_pixels=card.max_image_pixels).pixels]
+            for key, views in (("onnx", None), ("onnx_tta", numpy_views)):
+                own = detect_views(lambda images, sizes: runtime.detect(images, sizes, thresholds=thresholds), pixels,
+                                   min_size=card.min_size_test, max_size=card.max_size_test,
+                                   size_divisibility=card.size_divisibility, thresholds=thresholds, views=views)
+                found[key] += _records([image_id], own, category_ids)
     ap = {key: coco_evaluate(ground_truth, detections, backend=coco_backend).stats["AP"]
           for key, detections in found.items()}
     return Parity(max_abs_diff=worst, match_rate=matched / total if total else 1.0, detections=total,

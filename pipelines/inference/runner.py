@@ -109,7 +109,10 @@ class Runner:
         self.report.skipped.append({"file": item.path, "reason": err.reason or str(err)})
 
     def _read(self, path: str) -> torch.Tensor:
-        """The image at ``path`` as training reads it: as stored (no EXIF rotation), within the pixel cap."""
+        """The image at ``path`` as training reads it: as stored (no EXIF rotation), within the pixel cap; by
+        the backend's own reader where it has one (the ONNX backend's is torch-free, and logs the orientation)."""
+        if hasattr(self.backend, "read"):
+            return self.backend.read(path, max_pixels=self.settings.max_pixels)
         image = decode_image(path, max_pixels=self.settings.max_pixels)
         orientation = exif_orientation(path)
         if orientation != 1:
@@ -119,7 +122,11 @@ class Runner:
 
     @torch.inference_mode()
     def _detect(self, images: list[torch.Tensor]) -> list[dict]:
-        """Detections (original pixels) of ``images`` (uint8 [3, H, W] as read)."""
+        """Detections (original pixels) of ``images`` (uint8 [3, H, W] as read): by the backend's own path
+        where it has one (the ONNX backend's, torch-free), else resized by the test transform and run
+        through evaluation's detection code."""
+        if hasattr(self.backend, "detect_images"):
+            return self.backend.detect_images(images, self.settings.tta)
         empty = {"boxes": torch.zeros((0, 4)), "labels": torch.zeros((0,), dtype=torch.int64)}
         samples = []
         for index, image in enumerate(images):
