@@ -8,6 +8,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -184,12 +185,28 @@ def test_repro_runs_five_stages_and_records_a_training_and_an_evaluation_run(rep
     assert training.info.run_name.endswith(" (train)") and "evaluate." not in training.info.run_name
 
 
+@pytest.mark.parametrize("model, key", [("outputs/export/model.onnx", "ap_onnx"),
+                                        ("outputs/train/model_final.pth", "ap_torch")])
+def test_predict_on_the_val_split_gives_the_ap_the_export_measured(repo, monkeypatch, restore_logging, model, key):
+    """Each backend's AP on the val images, through predict as a user runs it (one image at a time, fp32),
+    is the figure the export stage recorded for it."""
+    import stages.predict
+    from pipelines import cli
+
+    monkeypatch.chdir(repo)
+    out = repo / "outputs" / f"predict-{key}"
+    cli.run(stages.predict.main, ["data/prepared/images/val", "--model", model, "--out", str(out),
+                                  "--coco-gt", "data/prepared/val.json", "--precision", "fp32"])  # exit 0
+    summary = json.loads((out / "summary.json").read_text())
+    export = json.loads((repo / "metrics" / "export.json").read_text())
+    assert summary["metrics"]["AP"] == pytest.approx(export[key], abs=1e-9)
+    shutil.rmtree(out)
+
+
 def test_an_export_that_misses_parity_stops_in_one_line_and_replaces_nothing(repo, monkeypatch, capsys,
                                                                                restore_logging):
     """(The exporter and the measurement are stood in for: what is tested is what the stage does with
     figures that miss, on the pipeline's real inputs.)"""
-    import shutil
-
     import stages.export
     from pipelines import cli
     from pipelines.inference import onnx_export, parity
