@@ -24,7 +24,6 @@ import math
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -235,9 +234,8 @@ def register(onnx: Path, *, card: ModelCard, evaluation: Evaluation, example: Pa
         mlflow.set_registry_uri(registry.uri)
         run_tags = {STAGE_TAG: "register", **({TRAINING_RUN_TAG: evaluation.training_run_id}
                                               if evaluation.training_run_id else {})}
-        with tempfile.TemporaryDirectory(prefix="served-code-") as code, warnings.catch_warnings(), \
+        with tempfile.TemporaryDirectory(prefix="served-code-") as code, \
                 mlflow.start_run(experiment_id=experiment_id, run_name=f"register {name}", tags=run_tags) as run:
-            warnings.simplefilter("ignore")  # MLflow's advice on type hints: the signature is given
             info = mlflow.pyfunc.log_model(
                 name=name, python_model=str(MODEL_CODE), artifacts={ARTIFACT: str(onnx)},
                 code_paths=[str(_stage_code(Path(code)))], signature=signature(card),

@@ -32,6 +32,7 @@ import os
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
@@ -154,8 +155,6 @@ class ServedDetector(PythonModel):
     def load_context(self, context) -> None:
         self.detector = OnnxDetector(context.artifacts[ARTIFACT], threads=threads())
 
-    def predict(self, context, model_input, params: dict[str, Any] | None = None):
-        import pandas as pd
-
+    def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         rows = answer(self.detector, images(model_input), score=score_thresh(params))
         return pd.DataFrame(rows, columns=list(OUTPUTS))

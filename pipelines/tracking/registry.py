@@ -59,7 +59,12 @@ class Registry:
         if not create and self.uri.startswith("sqlite:///") and not Path(self.uri[len("sqlite:///"):]).is_file():
             raise TrackingError(f"MLflow store {self.uri}: no such database (no model has been registered here)")
         try:
-            self.client = store.open_client(self.uri, store.OPEN_TIMEOUT)
+            store.open_client(self.uri, store.OPEN_TIMEOUT)  # bounded: opens (maybe creates) the store
+            import mlflow
+
+            # its registry named explicitly: MLflow's default is the process-wide registry URI, which an
+            # earlier set_registry_uri in this process may have pointed elsewhere
+            self.client = mlflow.MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
         except Exception as err:
             raise TrackingError(f"MLflow store {self.uri} {reason(err)}") from None
 
