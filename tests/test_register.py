@@ -33,6 +33,7 @@ from onnx import TensorProto, helper
 from PIL import Image, ImageDraw
 
 from pipelines import cli
+from pipelines.errors import ConfigError
 from pipelines.inference import registration
 from pipelines.inference.card import METADATA_KEY, ModelCard, output_names, write_card
 from pipelines.tracking import store as tracking_store
@@ -336,6 +337,24 @@ def test_predict_missing_registered_model_is_one_line_and_writes_nothing(registe
     assert not Path("out-missing").exists()
 
 
+def test_example_is_the_first_prepared_val_image_and_export_metrics_are_checked(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "b.png").write_bytes(b"png")
+    (tmp_path / "dataset.json").write_text(json.dumps({"splits": {"val": {"images": str(tmp_path / "images")}}}))
+    (tmp_path / "val.json").write_text(json.dumps({"images": [{"id": 1, "file_name": "b.png"}]}))
+    assert registration.example_image(tmp_path) == tmp_path / "images" / "b.png"
+    with pytest.raises(ConfigError, match="no prepared val image for the input example"):
+        registration.example_image(tmp_path / "missing")
+    metrics = {"max_abs_diff": 0.0, "match_rate": 1.0, "ap_torch": 0.3, "ap_onnx": 0.3, "ap_torch_tta": 0.4,
+               "ap_onnx_tta": 0.41, "tta": True, "val_fingerprint": "a", "mlflow_run_id": None}
+    (tmp_path / "export.json").write_text(json.dumps(metrics))
+    evaluation = registration.read_evaluation(tmp_path / "export.json")
+    assert (evaluation.metric, evaluation.ap, evaluation.training_run_id) == ("ap_onnx_tta", 0.41, None)
+    (tmp_path / "export.json").write_text(json.dumps(metrics | {"ap_onnx_tta": None}))
+    with pytest.raises(ConfigError, match="ap_onnx_tta is None, expected a number"):
+        registration.read_evaluation(tmp_path / "export.json")
+
+
 def test_parse_model_uri():
     assert parse_model_uri("models:/detector@champion") == ("detector", "champion")
     assert parse_model_uri("models:/detector/12") == ("detector", "12")
@@ -419,3 +438,6 @@ def test_served_champion_answers_as_predict_and_refuses_bad_requests_in_one_line
     assert body["message"].startswith("image[0]: 160x160 pixels") and "max_image_pixels" in body["message"]
     _, body = _post(port, {"dataframe_split": {"columns": ["image"], "data": [[bad["not an image"]]]}})
     assert body["message"] == "image[0]: unreadable image (not a JPEG, PNG, WebP or GIF file)"
+    status, body = _post(port, {"dataframe_split": {"columns": ["image"], "data": [[_b64(Path("images/val.png"))]]},
+                                "params": {"score_thresh": 2}})
+    assert status == 400 and body["message"] == "params.score_thresh: expected a number from 0 to 1, got 2.0"
