@@ -179,6 +179,16 @@ def env(workspace):
             os.environ.pop(key, None)
 
 
+LOAD_CHECK = """
+import json, sys
+import mlflow.pyfunc, pandas
+model = mlflow.pyfunc.load_model("models:/detector/1")
+rows = model.predict(pandas.DataFrame({"image": [open("images/val.png", "rb").read()]}))
+print(json.dumps({"served": sys.modules["pipelines.inference.served"].__file__, "torch": "torch" in sys.modules,
+                  "rows": len(rows)}))
+"""
+
+
 @pytest.fixture(scope="module")
 def registered(env, workspace):
     """Version 1 of ``detector``, registered and promoted to champion by the command; then a server of
@@ -193,7 +203,12 @@ def registered(env, workspace):
                               env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"},
                               stdout=subprocess.DEVNULL, stderr=open(workspace / "server.log", "wb"),
                               start_new_session=True)
-    yield {"version": version, "port": port, "server": server}
+    loader = subprocess.Popen([sys.executable, "-c", LOAD_CHECK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)  # meanwhile, in a fresh process: what loading the model imports
+    yield {"version": version, "port": port, "server": server, "loader": loader}
+    if loader.poll() is None:
+        loader.kill()
+        loader.wait()
     if server.poll() is None:  # the server and the uvicorn process it started: their process group, by pid
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -353,6 +368,16 @@ def test_example_is_the_first_prepared_val_image_and_export_metrics_are_checked(
     (tmp_path / "export.json").write_text(json.dumps(metrics | {"ap_onnx_tta": None}))
     with pytest.raises(ConfigError, match="ap_onnx_tta is None, expected a number"):
         registration.read_evaluation(tmp_path / "export.json")
+
+
+def test_the_logged_model_loads_without_torch_from_its_own_code(registered):
+    """In a fresh process (started with the server), loading the model and predicting imports no torch, and
+    the served module comes from the model's code folder."""
+    out, err = registered["loader"].communicate(timeout=120)
+    assert registered["loader"].returncode == 0, err[-2000:]
+    loaded = json.loads(out.strip().splitlines()[-1])
+    assert loaded["rows"] == 1 and loaded["torch"] is False
+    assert "/code/pipelines/inference/served.py" in loaded["served"]
 
 
 def test_parse_model_uri():
