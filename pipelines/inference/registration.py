@@ -158,8 +158,8 @@ def requirements() -> list[str]:
 
 
 def lock_tags(lock_file: Path, onnx: Path) -> dict[str, str]:
-    """``dvc.lock/<stage>/<path>: <md5>`` for the ONNX file and the ``.pth`` weights where ``lock_file``
-    records them (as outputs of a stage); ``{}`` without a lock file."""
+    """``dvc.lock/<stage>/<path>: <md5>`` for the ONNX file (or the output folder holding it) and the ``.pth``
+    weights where ``lock_file`` records them as outputs of a stage; ``{}`` without a lock file."""
     if not Path(lock_file).is_file():
         return {}
     try:
@@ -173,7 +173,8 @@ def lock_tags(lock_file: Path, onnx: Path) -> dict[str, str]:
     for stage, entry in (stages or {}).items():
         for item in (entry or {}).get("outs") or []:
             path, digest = str(item.get("path", "")), item.get("md5")
-            if digest and (os.path.normpath(path) == wanted or path.endswith(".pth")):
+            holds_onnx = os.path.normpath(path) in (wanted, *map(str, Path(wanted).parents[:-1]))  # it, or its folder
+            if digest and (holds_onnx or path.endswith(".pth")):
                 tags[f"dvc.lock/{stage}/{path}"] = str(digest)
     return tags
 
@@ -181,8 +182,9 @@ def lock_tags(lock_file: Path, onnx: Path) -> dict[str, str]:
 def version_tags(evaluation: Evaluation, card: ModelCard, *, params_file: Path, lock_file: Path, onnx: Path,
                  exp_name: str | None) -> dict[str, str]:
     """The tags of a registered version: the git commit (the card's, else this checkout's), the params'
-    SHA-256, the val data's fingerprint, the AP with its metric and TTA setting, the training run and
-    the DVC experiment where known, and the ``dvc.lock`` md5s of the ONNX file and the weights."""
+    SHA-256, the val data's fingerprint, the AP with its metric and TTA setting, the training run, the
+    DVC experiment and the weights' md5 (the card's) where known, and the ``dvc.lock`` md5s of the ONNX
+    file and the weights."""
     tags = {AP_TAG: repr(evaluation.ap), METRIC_TAG: evaluation.metric, TTA_TAG: str(evaluation.tta).lower(),
             FINGERPRINT_TAG: evaluation.val_fingerprint}
     if commit := card.git_commit or git_commit():
@@ -191,6 +193,8 @@ def version_tags(evaluation: Evaluation, card: ModelCard, *, params_file: Path, 
         tags[PARAMS_HASH_TAG] = hashlib.sha256(Path(params_file).read_bytes()).hexdigest()
     if evaluation.training_run_id:
         tags[TRAINING_RUN_TAG] = evaluation.training_run_id
+    if card.weights_md5:
+        tags["weights_md5"] = card.weights_md5
     if exp_name:
         tags[EXP_NAME_TAG] = exp_name
     return tags | lock_tags(lock_file, onnx)
