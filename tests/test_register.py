@@ -343,9 +343,13 @@ def test_predict_runs_registered_models_and_model_folders_as_their_onnx(register
     ("models:/detector/9", "error: models:/detector/9: registered model 'detector' has no version 9"),
     ("models:/nothing@champion", "error: models:/nothing@champion: no registered model 'nothing'"),
     ("models:/detector", "error: models:/detector: expected models:/<name>@<alias> or models:/<name>/<version>"),
-], ids=["alias", "version", "name", "form"])
+    ("other-model", "error: other-model/MLmodel: an MLflow model without the artifact 'model' of the python_function"),
+], ids=["alias", "version", "name", "form", "folder"])
 def test_predict_missing_registered_model_is_one_line_and_writes_nothing(registered, capsys, model, expected):
     from stages import predict
+
+    Path("other-model").mkdir(exist_ok=True)
+    Path("other-model/MLmodel").write_text("flavors:\n  python_function:\n    loader_module: other\n")
 
     code, err = run(predict.main, ["images", "--model", model, "--out", "out-missing"], capsys)
     assert code == 2 and errors(err) == [errors(err)[0]] and errors(err)[0].startswith(expected), err
