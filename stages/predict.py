@@ -53,7 +53,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = cli.parse_args(__doc__, argv, params=False, arguments=_arguments,
-                          model="the model: a .pth, an exported .onnx, models:/detector@ALIAS or an MLflow model folder",
+                          model="the model: a .pth, an exported .onnx, models:/detector@ALIAS, an MLflow model folder",
                           out="output folder (replaced when the run is complete)")
     _check(args)
     backend, device, evaluate, (min_size, max_size, divisibility, max_pixels) = _model(args)

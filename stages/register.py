@@ -36,7 +36,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prepared", type=Path, default=Path("data/prepared"),
                         help="the prepared dataset, for the default example (default: data/prepared)")
     parser.add_argument("--name", default=registration.MODEL_NAME, help="registered model name (default: detector)")
-    parser.add_argument("--promote", metavar="ALIAS", default=None, help="move ALIAS (e.g. champion) to the new version")
+    parser.add_argument("--promote", metavar="ALIAS", default=None,
+                        help="move ALIAS (e.g. champion) to the new version")
     parser.add_argument("--if-better", action="store_true",
                         help="with --promote: only if its AP is at least the alias holder's (same val data and TTA)")
 
@@ -50,9 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     example = args.example or registration.example_image(args.prepared)
     params = load_params(Path(args.params))
     registry = Registry(create=True)
-    done = registration.register(args.onnx, card=card, evaluation=evaluation, example=example, params_file=Path(args.params),
-                                 lock_file=Path("dvc.lock"), experiment=params.tracking.experiment, name=args.name,
-                                 registry=registry)
+    done = registration.register(args.onnx, card=card, evaluation=evaluation, example=example,
+                                 params_file=Path(args.params), lock_file=Path("dvc.lock"),
+                                 experiment=params.tracking.experiment, name=args.name, registry=registry)
     log.info("registered %s version %s as %s: %s %.4f (logged model %s, run %s, store %s)", done.name, done.version,
              registration.CANDIDATE, evaluation.metric, evaluation.ap, done.model_id, done.run_id, registry.uri)
     if args.promote:

@@ -219,7 +219,8 @@ def register(onnx: Path, *, card: ModelCard, evaluation: Evaluation, example: Pa
     ``experiment``.
 
     Raises:
-        ConfigError: the example image is unusable. TrackingError: the store cannot be reached or refuses (one line each).
+        ConfigError: the example image is unusable. TrackingError: the store cannot be reached or refuses
+            (one line each).
     """
     import mlflow
     import pandas as pd
@@ -283,7 +284,8 @@ def promote(registry: Registry, name: str, version: str, *, alias: str, if_bette
         who = f"{alias} (version {holder.version})"
         if theirs.get(FINGERPRINT_TAG) != ours.get(FINGERPRINT_TAG):
             return False, (f"not promoted to {alias}: {who} was evaluated on other val data (fingerprint "
-                           f"{str(theirs.get(FINGERPRINT_TAG))[:12]}, this version {str(ours.get(FINGERPRINT_TAG))[:12]})")
+                           f"{str(theirs.get(FINGERPRINT_TAG))[:12]}, this version "
+                           f"{str(ours.get(FINGERPRINT_TAG))[:12]})")
         if theirs.get(TTA_TAG) != ours.get(TTA_TAG):
             return False, (f"not promoted to {alias}: {who} was evaluated with evaluate.tta={theirs.get(TTA_TAG)}, "
                            f"this version with {ours.get(TTA_TAG)}")

@@ -143,7 +143,8 @@ def answer(detector: OnnxDetector, blobs: list[bytes], *, score: float | None) -
         except PipelineError as err:  # ImageError: not an image, truncated, over the pixel cap
             raise BadRequest(str(err)) from None
         labels = found.labels.tolist()
-        rows.append({"boxes": found.boxes.astype(np.float64).tolist(), "scores": found.scores.astype(np.float64).tolist(),
+        rows.append({"boxes": found.boxes.astype(np.float64).tolist(),
+                     "scores": found.scores.astype(np.float64).tolist(),
                      "category_ids": [ids[k] for k in labels], "names": [names[k] for k in labels],
                      "width": int(decoded.shape[1]), "height": int(decoded.shape[0])})
     return rows
