@@ -43,8 +43,7 @@ CANDIDATE = "candidate"
 MODEL_CODE = Path(__file__).with_name("served_model.py")  # the models-from-code file
 REQUIREMENTS = ("onnxruntime", "numpy", "pillow", "mlflow")
 AP_TAG, METRIC_TAG, TTA_TAG, FINGERPRINT_TAG = "eval.ap", "eval.metric", "eval.tta", "data.val_fingerprint"
-EXPORT_KEYS = {"max_abs_diff": float, "match_rate": float, "ap_torch": float, "ap_onnx": float,
-               "ap_torch_tta": float, "ap_onnx_tta": float, "tta": bool, "val_fingerprint": str}
+PARITY_KEYS = ("max_abs_diff", "match_rate", "ap_torch", "ap_onnx", "ap_torch_tta", "ap_onnx_tta")
 LOG_TIMEOUT = 120.0  # seconds for logging the model (its input example is run once) on top of the upload's
 
 
@@ -52,7 +51,8 @@ LOG_TIMEOUT = 120.0  # seconds for logging the model (its input example is run o
 class Evaluation:
     """What ``metrics/export.json`` says of the export: the AP of the ONNX path (``metric`` names it:
     ``ap_onnx``, or ``ap_onnx_tta`` with ``tta``), the val annotation cache's ``val_fingerprint``, the
-    training run (``mlflow_run_id``, None if training was not tracked) and the parity figures."""
+    training run (``mlflow_run_id``, None if training was not tracked) and the parity figures and APs
+    it holds (``parity``: all of them are logged with the model)."""
 
     ap: float
     metric: str
@@ -66,7 +66,8 @@ def read_evaluation(path: Path) -> Evaluation:
     """The export's figures in ``path`` (the export stage's ``metrics/export.json``).
 
     Raises:
-        ConfigError: the file is missing, not JSON, or a key is missing or of the wrong type (one line).
+        ConfigError: the file is missing or not JSON, or ``tta``, the AP it selects, ``val_fingerprint`` or
+            ``mlflow_run_id`` is missing or of the wrong type (one line).
     """
     try:
         data = json.loads(Path(path).read_text())
@@ -76,19 +77,24 @@ def read_evaluation(path: Path) -> Evaluation:
         raise ConfigError(f"{path}: not JSON ({err})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object (the export stage's metrics)")
-    for key, kind in EXPORT_KEYS.items():
-        value = data.get(key)
-        fits = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                if kind is float else isinstance(value, kind))
-        if not fits:
-            raise ConfigError(f"{path}: {key} is {value!r}, expected {'a number' if kind is float else kind.__name__}")
-    run_id = data.get("mlflow_run_id")
-    if run_id is not None and not (isinstance(run_id, str) and run_id):
-        raise ConfigError(f"{path}: mlflow_run_id is {run_id!r}, expected a run id or null")
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not isinstance(data.get("tta"), bool):
+        raise ConfigError(f"{path}: tta is {data.get('tta')!r}, expected true or false (evaluate.tta)")
     metric = "ap_onnx_tta" if data["tta"] else "ap_onnx"
-    return Evaluation(ap=float(data[metric]), metric=metric, tta=data["tta"], val_fingerprint=data["val_fingerprint"],
+    fingerprint, run_id = data.get("val_fingerprint"), data.get("mlflow_run_id")
+    for key, fits, expected in ((metric, number(data.get(metric)), "a number"),
+                                ("val_fingerprint", isinstance(fingerprint, str) and fingerprint,
+                                 "the val annotation cache's fingerprint"),
+                                ("mlflow_run_id", run_id is None or (isinstance(run_id, str) and run_id),
+                                 "a run id or null")):
+        if not fits:
+            raise ConfigError(f"{path}: {key} is {data.get(key)!r}, expected {expected}")
+    return Evaluation(ap=float(data[metric]), metric=metric, tta=data["tta"], val_fingerprint=fingerprint,
                       training_run_id=run_id,
-                      parity={"max_abs_diff": float(data["max_abs_diff"]), "match_rate": float(data["match_rate"])})
+                      parity={k: float(data[k]) for k in PARITY_KEYS if number(data.get(k))})
 
 
 def example_image(prepared: Path) -> Path:
@@ -246,7 +252,7 @@ def register(onnx: Path, *, card: ModelCard, evaluation: Evaluation, example: Pa
                 code_paths=[str(_stage_code(Path(code)))], signature=signature(card),
                 input_example=pd.DataFrame({INPUT: [blob]}), pip_requirements=requirements(),
                 tags={k: v for k, v in tags.items() if not k.startswith("dvc.lock/")})
-            mlflow.log_metrics({evaluation.metric: evaluation.ap, **evaluation.parity}, model_id=info.model_id)
+            mlflow.log_metrics({**evaluation.parity, evaluation.metric: evaluation.ap}, model_id=info.model_id)
             version = mlflow.register_model(info.model_uri, name, tags=tags)
         client = registry.client
         client.set_registered_model_alias(name, CANDIDATE, version.version)
