@@ -19,15 +19,13 @@ from pathlib import Path
 
 from ..config.yamlio import parse_yaml, read_yaml_text
 from ..errors import CheckpointError, ConfigError
-from ..tracking import store
 from ..tracking.registry import Registry, is_model_uri
 from .served import ARTIFACT
 
 log = logging.getLogger("predict")
 
 MLMODEL = "MLmodel"
-DOWNLOAD_RATE = store.ARTIFACT_RATE  # bytes per second granted to the download on top of a call's bound
-DOWNLOAD_TIMEOUT = 300.0
+DOWNLOAD_TIMEOUT = 300.0  # seconds for downloading a registered model (its ONNX file and code)
 
 
 def is_mlflow_model(model: str | Path) -> bool:
