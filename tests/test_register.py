@@ -472,3 +472,7 @@ def test_served_champion_answers_as_predict_and_refuses_bad_requests_in_one_line
     status, body = _post(port, {"dataframe_split": {"columns": ["image"], "data": [[_b64(Path("images/val.png"))]]},
                                 "params": {"score_thresh": 2}})
     assert status == 400 and body["message"] == "params.score_thresh: expected a number from 0 to 1, got 2.0"
+    status, body = _post(port, {"dataframe_split": {"columns": ["image"], "data": [[_b64(Path("images/val.png"))]]},
+                                "params": {"score_thresh": 1.0}})
+    assert status == 200 and body["predictions"] == [{"boxes": [], "scores": [], "category_ids": [], "names": [],
+                                                      "width": 96, "height": 64}]  # no detection: empty arrays
