@@ -4,9 +4,11 @@ DVC stage).
 ``python -m stages.predict SOURCE... --model outputs/train/model_final.pth --out DIR`` writes into DIR
 (replaced only once complete) an annotated copy of each input at its relative path, ``predictions.json``
 (COCO results), ``coco.json`` (the images and categories they refer to) and ``summary.json``. MODEL is a
-train stage's ``.pth`` (PyTorch; its params from ``dvc.lock``'s train entry, or from ``--params``) or an
+train stage's ``.pth`` (PyTorch; its params from ``dvc.lock``'s train entry, or from ``--params``), an
 exported ``.onnx`` (ONNX Runtime in fp32 on the CPU; resize, pixel cap and categories from its model card,
-``--params`` only for ``--tta``'s settings and the COCO evaluator). An input that cannot be read is skipped
+``--params`` only for ``--tta``'s settings and the COCO evaluator), or an MLflow model that ``stages.register``
+logged (``models:/detector@champion``, ``models:/detector/3``, or a local folder holding ``MLmodel``: the
+ONNX file inside it, on the same ONNX backend). An input that cannot be read is skipped
 with one line and listed in ``summary.json`` (``--strict``: the run stops instead, exit 2, nothing written).
 """
 
@@ -23,7 +25,7 @@ from pipelines.config.schema import Evaluate
 from pipelines.data.transforms import TestTimeAugmentation, build_transforms
 from pipelines.errors import ConfigError
 from pipelines.fileio import atomic_dir
-from pipelines.inference import onnx_backend, runner, sources, torch_backend
+from pipelines.inference import model_source, onnx_backend, runner, sources, torch_backend
 from pipelines.inference.backend import describe
 from pipelines.inference.ground_truth import GroundTruth
 from pipelines.inference.outputs import Outputs
@@ -51,7 +53,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = cli.parse_args(__doc__, argv, params=False, arguments=_arguments,
-                          model="the model file (.pth, or an exported .onnx)",
+                          model="the model: a .pth, an exported .onnx, models:/detector@ALIAS, an MLflow model folder",
                           out="output folder (replaced when the run is complete)")
     _check(args)
     backend, device, evaluate, (min_size, max_size, divisibility, max_pixels) = _model(args)
@@ -86,30 +88,42 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _model(args: argparse.Namespace):
-    """The backend ``--model`` names (by its suffix), the device it runs on, the ``evaluate`` params section
-    (None for an ``.onnx`` without ``--params``) and the model's test resize ``(min_size, max_size,
-    size_divisibility, max_image_pixels)``.
+    """The backend ``--model`` names (an MLflow model, or a file by its suffix), the device it runs on, the
+    ``evaluate`` params section (None for an ONNX model without ``--params``) and the model's test resize
+    ``(min_size, max_size, size_divisibility, max_image_pixels)``.
 
     Raises:
         CheckpointError: the model file cannot be used. ConfigError: the params or ``--device`` cannot.
+        TrackingError: a ``models:/`` model that does not exist, or a registry that cannot be reached.
     """
+    if model_source.is_mlflow_model(args.model):
+        _onnx_options(args)
+        with model_source.local_onnx(args.model) as onnx_file:  # a registered model's is downloaded, then removed
+            return _onnx(args, onnx_file)
     if onnx_backend.is_onnx(args.model):
-        if args.device not in (None, "cpu"):
-            raise ConfigError(f"--device {args.device}: an .onnx model runs on the CPU (ONNX Runtime); "
-                              "use --device cpu")
-        if args.tta and args.params is None:
-            raise ConfigError("--tta with an .onnx model: give --params FILE (its evaluate.tta_* settings)")
-        device = torch_backend.choose_device("cpu")
-        backend = onnx_backend.load(args.model, score_thresh=args.score)
-        evaluate: Evaluate | None = load_params(args.params).evaluate if args.params is not None else None
-        card = backend.card
-        return backend, device, evaluate, (card.min_size_test, card.max_size_test, card.size_divisibility,
-                                           card.max_image_pixels)
+        _onnx_options(args)
+        return _onnx(args, args.model)
     device = torch_backend.choose_device(args.device)
     backend, p = torch_backend.load(args.model, device=device, precision=args.precision, params_file=args.params,
                                     score_thresh=args.score)
     return backend, device, p.evaluate, (p.model.min_size_test, p.model.max_size_test, p.loader.size_divisibility,
                                          p.dataset.max_image_pixels)
+
+
+def _onnx_options(args: argparse.Namespace) -> None:
+    if args.device not in (None, "cpu"):
+        raise ConfigError(f"--device {args.device}: an .onnx model runs on the CPU (ONNX Runtime); "
+                          "use --device cpu")
+    if args.tta and args.params is None:
+        raise ConfigError("--tta with an .onnx model: give --params FILE (its evaluate.tta_* settings)")
+
+
+def _onnx(args: argparse.Namespace, onnx_file: Path):
+    backend = onnx_backend.load(onnx_file, score_thresh=args.score)
+    evaluate: Evaluate | None = load_params(args.params).evaluate if args.params is not None else None
+    card = backend.card
+    return backend, torch_backend.choose_device("cpu"), evaluate, (card.min_size_test, card.max_size_test,
+                                                                   card.size_divisibility, card.max_image_pixels)
 
 
 def _check(args: argparse.Namespace) -> None:
