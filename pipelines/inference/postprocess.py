@@ -40,7 +40,7 @@ import numpy as np
 # box coordinates on the CPU: the two differ in tie order, so the same switch is made here.
 _VANILLA_ABOVE = 4000
 # Boxes the NMS decides together (one IoU matrix of this side); detections_per_img is usually reached in the first.
-_BLOCK = 256
+_BLOCK = 128
 # How far below logit(score_thresh ** 2) a class logit is still scored (see _logit_floor).
 _LOGIT_MARGIN = 1e-3
 
@@ -226,6 +226,19 @@ def _logit_floor(score_thresh: float) -> float | None:
     return math.log(square) - math.log1p(-square) - _LOGIT_MARGIN
 
 
+def _scored(logits: np.ndarray, ctrness: np.ndarray, num_classes: int,
+            floor: float | None) -> tuple[np.ndarray | None, np.ndarray]:
+    """The scores of one image's level (flat ``logits`` ``[locations * classes]``, ``ctrness``
+    ``[locations]``) where the logit is above ``floor`` (:func:`_logit_floor`; everywhere if None), and where
+    they are in ``logits``; None for everywhere (where most logits are above the floor, all are scored:
+    picking them out would cost more than it saves)."""
+    above = None if floor is None else logits > floor
+    if above is None or 4 * np.count_nonzero(above) > len(logits):
+        return None, np.sqrt(_sigmoid(logits).reshape(-1, num_classes) * _sigmoid(ctrness)[:, None]).reshape(-1)
+    candidates = np.flatnonzero(above)
+    return candidates, np.sqrt(_sigmoid(logits[candidates]) * _sigmoid(ctrness)[candidates // num_classes])
+
+
 def _anchors_at(locations: np.ndarray, width: int, stride: tuple[int, int], size: int) -> np.ndarray:
     """:func:`level_anchors` of a level ``width`` locations wide, at ``locations`` only (the same values)."""
     half = np.round(np.array([-size, -size, size, size], dtype=np.float32) / 2)
@@ -270,13 +283,11 @@ def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.nd
             num_classes = logits.shape[-1]
             logits = np.asarray(logits[index], dtype=np.float32).reshape(-1)
             ctrness = np.asarray(ctrness[index], dtype=np.float32).reshape(-1)
-            candidates = np.flatnonzero(logits > floor) if floor is not None else np.arange(len(logits))
-            locations = candidates // num_classes
-            scores = np.sqrt(_sigmoid(logits[candidates]) * _sigmoid(ctrness)[locations])
+            candidates, scores = _scored(logits, ctrness, num_classes, floor)
             passed = np.flatnonzero(scores > thresholds.score_thresh)
             best = passed[top_order(scores[passed], thresholds.topk_candidates)]
-            scores, candidates, locations = scores[best], candidates[best], locations[best]
-            labels = candidates - locations * num_classes
+            scores = scores[best]
+            locations, labels = np.divmod(best if candidates is None else candidates[best], num_classes)
             regression = np.asarray(regression[index], dtype=np.float32).reshape(-1, 4)
             all_codes.append(regression[locations])
             all_anchors.append(_anchors_at(locations, grid[1], stride, size))
