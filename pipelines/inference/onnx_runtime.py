@@ -26,7 +26,9 @@ from .preprocess import decode, prepare
 
 def session(path: str | os.PathLike, *, threads: int):
     """An ONNX Runtime session of the file at ``path`` on the CPU with ``threads`` intra-op threads (and
-    one inter-op thread: the graph is a chain).
+    one inter-op thread: the graph is a chain) that wait without spinning: a spinning thread keeps its
+    core busy between the graph's operators and after the run, so that decoding, resizing and
+    post-processing on the same cores (or torch's threads, or another process) wait for it.
 
     Raises:
         CheckpointError: the file is missing or ONNX Runtime cannot load it (one line).
@@ -40,6 +42,7 @@ def session(path: str | os.PathLike, *, threads: int):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only: ONNX Runtime's warnings are not the user's to act on
     try:
         return ort.InferenceSession(name, sess_options=options, providers=["CPUExecutionProvider"])
