@@ -39,7 +39,7 @@ import numpy as np
 # torchvision.ops.batched_nms switches from the coordinate trick to per-class NMS above this many
 # box coordinates on the CPU: the two differ in tie order, so the same switch is made here.
 _VANILLA_ABOVE = 4000
-# Boxes the NMS decides together (one IoU matrix of this side); detections_per_img is usually reached in the first.
+# Boxes the NMS decides together (one IoU matrix of this side at a time), until detections_per_img are kept.
 _BLOCK = 128
 # How far below logit(score_thresh ** 2) a class logit is still scored (see _logit_floor).
 _LOGIT_MARGIN = 1e-3
