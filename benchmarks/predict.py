@@ -14,18 +14,21 @@ medians), each pass decoding every photo from its file again:
   (:meth:`pipelines.inference.onnx_runtime.OnnxDetector.predict` on the file paths: PIL decode,
   resize, pad, the graph, the numpy post-processing);
 * ``onnx_runner``: the same graph behind predict's runner, as ``stages.predict --model model.onnx``
-  runs it (predict's reader and resize, the numpy post-processing).
+  runs it (predict's reader and resize, the numpy post-processing), torch at the one thread that
+  :func:`pipelines.inference.onnx_backend.load` leaves it.
 
 End to end: decode, resize, network, post-processing; drawing and writing the outputs are left out.
-After the timed passes, the ``onnx`` path is timed step by step (decode, resize and pad, the graph, the
-post-processing) and predict's reader alone, to say where the time goes.
+After the timed passes, the two PyTorch cases and the ``onnx`` path are timed step by step (decode,
+resize and pad, the network, the post-processing; the PyTorch network from the detector's call to its
+head's outputs, by hooks), to say where the time goes and what bounds the goals.
 The model is ``--model FILE.pth`` (default ``outputs/train/model_final.pth`` where it exists) with its
 params (``--params``, else ``dvc.lock``'s train entry), or, with ``--random`` or without a trained
 model, the detector of ``params.yaml`` with random weights and the photos' 80 COCO categories: random
 heads pass thousands of candidates to post-processing (a worst case for it). The model is exported once,
 with :func:`pipelines.inference.onnx_export.export` into a temporary folder; the export's time is reported
 on its own. Threads: ``--threads``, else the thread budget of one process
-(:func:`pipelines.hardware.threads_per_process`), for torch and ONNX Runtime alike. Usage::
+(:func:`pipelines.hardware.threads_per_process`), for torch and ONNX Runtime alike (but torch beside
+``onnx_runner``, as above). Usage::
 
     python -m benchmarks.predict [--model FILE.pth [--params FILE] | --random] [--batch 1] [--repeats 5] [--json]
     python -m benchmarks.predict --quick      # a few seconds: 2 photos, 1 pass, no warm-up pass
@@ -125,18 +128,28 @@ def export(backend: torch_backend.TorchBackend, p, path: Path) -> float:
     return time.perf_counter() - start
 
 
-def through_runner(backend, p) -> Callable[[list[str]], list[int]]:
+def through_runner(backend, p, *, torch_threads: int) -> Callable[[list[str]], list[int]]:
     """What predict's runner does with a batch of files on ``backend``: read each as training reads images,
-    resize by the test transform, detect (:func:`pipelines.evaluation.detect`); the detections per image."""
-    settings = runner.Settings(transforms=build_data.test_transforms(p), size_divisibility=p.loader.size_divisibility,
-                               tta=None, max_pixels=p.dataset.max_image_pixels, device=torch.device("cpu"))
-    run = runner.Runner(backend, outputs=None, settings=settings)  # outputs: not written here
+    resize by the test transform, detect (:func:`pipelines.evaluation.detect`); the detections per image.
+    Torch runs with ``torch_threads`` threads meanwhile (as many as predict gives it with this backend)."""
+    run = runner.Runner(backend, outputs=None, settings=runner_settings(p))  # outputs: not written here
 
     def call(paths: list[str]) -> list[int]:
-        found = run._detect([run._read(path) for path in paths])  # the runner's own read and detect
+        before = torch.get_num_threads()
+        torch.set_num_threads(torch_threads)
+        try:
+            found = run._detect([run._read(path) for path in paths])  # the runner's own read and detect
+        finally:
+            torch.set_num_threads(before)
         return [len(d["scores"]) for d in found]
 
     return call
+
+
+def runner_settings(p) -> runner.Settings:
+    """Predict's runner settings for the params ``p``, on the CPU, without test-time augmentation."""
+    return runner.Settings(transforms=build_data.test_transforms(p), size_divisibility=p.loader.size_divisibility,
+                           tta=None, max_pixels=p.dataset.max_image_pixels, device=torch.device("cpu"))
 
 
 def torch_free(detector: OnnxDetector) -> Callable[[list[str]], list[int]]:
@@ -170,13 +183,19 @@ def measure(cases: dict[str, Callable[[list[str]], list[int]]], batches: list[li
     return {name: {"seconds": seconds[name], "detections": detections[name]} for name in names}
 
 
+STEPS = ("decode", "resize_pad", "network", "postprocess")
+STEP_CASES = {  # the cases timed step by step, and how each does the steps
+    "torch_fp32": "torchvision.io, torch resize, eager fp32, torchvision",
+    "torch_auto": "torchvision.io, torch resize, eager `auto`, torchvision",
+    "onnx": "PIL, PIL resize, ONNX Runtime, numpy",
+}
+
+
 def breakdown(detector: OnnxDetector, batches: list[list[str]], *, repeats: int) -> dict[str, float]:
     """Milliseconds per image of each step of the torch-free path (PIL decode, resize and pad, the graph,
-    the numpy post-processing), and of predict's reader alone (torchvision's decoder), medians of ``repeats``
-    passes after the timed ones."""
+    the numpy post-processing), medians of ``repeats`` passes."""
     card = detector.card
-    steps: dict[str, list[float]] = {name: [] for name in ("decode", "resize_pad", "network", "postprocess",
-                                                            "torch_decode")}
+    steps: dict[str, list[float]] = {name: [] for name in STEPS}
     count = sum(len(batch) for batch in batches)
     for _ in range(repeats):
         took = dict.fromkeys(steps, 0.0)
@@ -193,15 +212,43 @@ def breakdown(detector: OnnxDetector, batches: list[list[str]], *, repeats: int)
                        padded_size=padded.padded_size, image_sizes=padded.image_sizes,
                        anchor_sizes=card.anchor_sizes, thresholds=detector.thresholds)
             done = time.perf_counter()
-            for path in batch:
-                decode_image(path, max_pixels=card.max_image_pixels)
-            read = time.perf_counter()
-            for name, seconds in (("decode", decoded - start), ("resize_pad", prepared - decoded),
-                                  ("network", networked - prepared), ("postprocess", done - networked),
-                                  ("torch_decode", read - done)):
+            for name, seconds in zip(STEPS, (decoded - start, prepared - decoded, networked - prepared,
+                                             done - networked)):
                 took[name] += seconds
         for name in steps:
             steps[name].append(1000 * took[name] / count)
+    return {name: statistics.median(values) for name, values in steps.items()}
+
+
+def eager_breakdown(backend: torch_backend.TorchBackend, p, batches: list[list[str]], *,
+                    repeats: int) -> dict[str, float]:
+    """Milliseconds per image of each step of a PyTorch case as predict's runner runs it: read
+    (torchvision.io's decoder), resize and pad (the test transform, the collate, evaluation's padding), the
+    network (from the detector's call to its head's outputs, timed by hooks) and the post-processing
+    (torchvision's, and the boxes scaled back), medians of ``repeats`` passes."""
+    run = runner.Runner(backend, outputs=None, settings=runner_settings(p))
+    marks: dict[str, float] = {}
+    hooks = [backend.detector.register_forward_pre_hook(lambda *_: marks.__setitem__("network", time.perf_counter())),
+             backend.detector.head.register_forward_hook(lambda *_: marks.__setitem__("head", time.perf_counter()))]
+    steps: dict[str, list[float]] = {name: [] for name in STEPS}
+    count = sum(len(batch) for batch in batches)
+    try:
+        for _ in range(repeats):
+            took = dict.fromkeys(steps, 0.0)
+            for batch in batches:
+                start = time.perf_counter()
+                images = [run._read(path) for path in batch]
+                decoded = time.perf_counter()
+                run._detect(images)
+                done = time.perf_counter()
+                for name, seconds in zip(STEPS, (decoded - start, marks["network"] - decoded,
+                                                 marks["head"] - marks["network"], done - marks["head"])):
+                    took[name] += seconds
+            for name in steps:
+                steps[name].append(1000 * took[name] / count)
+    finally:
+        for hook in hooks:
+            hook.remove()
     return {name: statistics.median(values) for name, values in steps.items()}
 
 
@@ -222,11 +269,16 @@ def benchmark(*, model: Path | None, params: Path | None, folder: Path, images: 
     onnx_file.parent.mkdir()
     export_seconds = export(fp32, p, onnx_file)
     detector = OnnxDetector(onnx_file, threads=threads)
-    cases = {"torch_fp32": through_runner(fp32, p), "torch_auto": through_runner(auto, p),
-             "onnx": torch_free(detector), "onnx_runner": through_runner(onnx_backend.OnnxBackend(detector), p)}
+    cases = {"torch_fp32": through_runner(fp32, p, torch_threads=threads),
+             "torch_auto": through_runner(auto, p, torch_threads=threads),
+             "onnx": torch_free(detector),
+             "onnx_runner": through_runner(onnx_backend.OnnxBackend(detector), p,
+                                           torch_threads=onnx_backend.TORCH_THREADS)}
     batches = [files[k:k + batch] for k in range(0, len(files), batch)]
     measured = measure(cases, batches, repeats=repeats, warmup=warmup)
-    steps = breakdown(detector, batches, repeats=repeats)
+    steps = {"torch_fp32": eager_breakdown(fp32, p, batches, repeats=repeats),
+             "torch_auto": eager_breakdown(auto, p, batches, repeats=repeats),
+             "onnx": breakdown(detector, batches, repeats=repeats)}
 
     precisions = {"torch_fp32": fp32.precision, "torch_auto": auto.precision, "onnx": "fp32", "onnx_runner": "fp32"}
     layouts = {"torch_fp32": fp32.compute.channels_last, "torch_auto": auto.compute.channels_last,
@@ -284,26 +336,27 @@ def table(f: dict) -> str:
         lines.append(f"| `{name}`: {CASES[name]} | {c['precision']}{layout} | {c['images_per_second']:.2f} | "
                      f"{c['ms_per_image']:.1f} | {ratio} | {c['detections_per_image']:.1f} |")
     g = f["goals"]
-    if "steps_ms" in f:
-        ms = f["steps_ms"]
-        total = sum(ms[k] for k in ("decode", "resize_pad", "network", "postprocess"))
-        lines += [
-            "",
-            "| `onnx` step by step, ms/image | decode (PIL) | resize + pad (PIL) | network (ONNX Runtime) | "
-            "post-processing (numpy) | sum |",
-            "|---|---|---|---|---|---|",
-            f"| same photos, batches and threads, after the passes above | {ms['decode']:.1f} | "
-            f"{ms['resize_pad']:.1f} | {ms['network']:.1f} | {ms['postprocess']:.1f} | {total:.1f} |",
-            "",
-            f"predict's reader alone (torchvision.io's decoder, the PyTorch cases'): {ms['torch_decode']:.1f} "
-            "ms/image.",
-        ]
+    ms = f["steps_ms"]
+    lines += [
+        "",
+        "| step by step, ms/image (medians of the passes after those above) | decode | resize + pad | network | "
+        "post-processing | sum |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, how in STEP_CASES.items():
+        steps = ms[name]
+        lines.append(f"| `{name}`: {how} | " + " | ".join(f"{steps[k]:.1f}" for k in STEPS)
+                     + f" | {sum(steps[k] for k in STEPS):.1f} |")
+    fp32_ms = f["cases"][BASELINE]["ms_per_image"]
     lines += [
         "",
         f"- ONNX Runtime (`onnx`) / PyTorch eager fp32: {g['onnx_vs_fp32']:.2f}x, goal >= "
         f"{GOALS['onnx_vs_fp32']:g}x: {'met' if g['onnx_vs_fp32'] >= GOALS['onnx_vs_fp32'] else 'NOT met'}",
         f"- ONNX Runtime (`onnx`) / PyTorch eager `auto` ({s['auto_precision']}): {g['onnx_vs_auto']:.2f}x, goal > "
         f"{GOALS['onnx_vs_auto']:g}x: {'met' if g['onnx_vs_auto'] > GOALS['onnx_vs_auto'] else 'NOT met'}",
+        f"- {GOALS['onnx_vs_fp32']:g}x PyTorch eager fp32 is {fp32_ms / GOALS['onnx_vs_fp32']:.1f} ms/image end to "
+        f"end; ONNX Runtime's network alone takes {ms['onnx']['network']:.1f}, decode + resize + pad + "
+        f"post-processing {sum(ms['onnx'][k] for k in STEPS) - ms['onnx']['network']:.1f}",
     ]
     return "\n".join(lines)
 

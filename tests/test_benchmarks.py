@@ -313,7 +313,9 @@ def test_predict_benchmark_quick_run_times_every_case_side_by_side(capsys, one_t
     assert figures["settings"]["photos"] == 2 and figures["settings"]["threads"] == 1
     assert figures["model"]["weights"] == "random" and figures["model"]["categories"] == 80
     assert figures["model"]["export_seconds"] > 0
-    assert set(figures["steps_ms"]) == {"decode", "resize_pad", "network", "postprocess", "torch_decode"}
+    assert set(figures["steps_ms"]) == set(predict_benchmark.STEP_CASES) == {"torch_fp32", "torch_auto", "onnx"}
+    for steps in figures["steps_ms"].values():
+        assert set(steps) == set(predict_benchmark.STEPS) and min(steps.values()) > 0
     for case in figures["cases"].values():
         assert case["images_per_second"] > 0 and len(case["seconds"]) == 1
     assert figures["cases"]["torch_fp32"]["vs_baseline"] == 1
@@ -323,6 +325,7 @@ def test_predict_benchmark_quick_run_times_every_case_side_by_side(capsys, one_t
     assert found["onnx_runner"] == found["torch_fp32"]
     table = predict_benchmark.table(figures)
     assert "| `onnx`: ONNX Runtime, torch-free" in table and "random weights" in table and "goal >= 2x" in table
+    assert "| `onnx`: PIL, PIL resize, ONNX Runtime, numpy |" in table
 
 
 def test_predict_benchmark_without_the_photos_says_so_in_one_line(tmp_path):

@@ -211,6 +211,30 @@ def test_nms_is_torchvisions(count, ties):
         np.testing.assert_array_equal(postprocess.top_order(scores, k), np.argsort(-scores, kind="stable")[:k])
 
 
+@pytest.mark.parametrize("score_thresh", [0.05, 0.3, 0.0])
+def test_the_logit_cut_keeps_every_score_that_passes(score_thresh):
+    """Post-processing scores only the logits above its cut (the logit of ``score_thresh ** 2``, less a
+    margin): logits crowded around that cut, with centerness from certain to unlikely, and boxes that never
+    overlap, give every score above the threshold that scoring all of them gives, bit for bit, best first."""
+    rng = np.random.default_rng(6)
+    square = score_thresh**2
+    cut = np.log(square / (1 - square)) if square else 0.0
+    grids, classes = [(8, 10), (4, 5)], 7
+    logits = [(cut + rng.uniform(-0.01, 0.01, (1, h, w, classes))).astype(np.float32) for h, w in grids]
+    logits[0][0, 0, 0, :3] = [np.nextafter(np.float32(cut), np.float32(9)), np.float32(cut), np.nan]
+    ctrness = [rng.choice(np.float32([30, 9, 2, 0, -2]), (1, h, w, 1)) for h, w in grids]
+    regression = [np.full((1, h, w, 4), 0.05, np.float32) for h, w in grids]
+    thresholds = postprocess.Thresholds(score_thresh, 1.0, 10**6, 10**6)  # nothing suppressed or cut
+    found = postprocess.detections(logits, regression, ctrness, padded_size=(64, 80), image_sizes=[(64, 80)],
+                                   anchor_sizes=[8, 16], thresholds=thresholds)[0]
+    sigmoid = lambda x: np.float32(1) / (np.float32(1) + np.exp(-x))  # noqa: E731
+    with np.errstate(invalid="ignore"):
+        every = np.concatenate([np.sqrt(sigmoid(c[0]) * sigmoid(t[0])).reshape(-1) for c, t in zip(logits, ctrness)])
+    passed = every[every > np.float32(score_thresh)]
+    assert 20 < len(passed) < len(every) - 20 or score_thresh == 0
+    np.testing.assert_array_equal(found.scores, passed[np.argsort(-passed, kind="stable")])
+
+
 def test_predict_gives_original_pixels(runtime, tmp_path):
     """From files (and bytes) to detections in each image's own pixels, as evaluation scales them back."""
     images = [_scene(240, 320, 5), _scene(500, 280, 6)]

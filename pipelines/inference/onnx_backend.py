@@ -9,7 +9,9 @@ end to end, as the served model runs it and as the export's parity measures it (
 :mod:`.preprocess`, test-time views by :mod:`.tta`). Post-processing is the shared numpy implementation
 (:mod:`.postprocess`) with the card's thresholds. It computes in fp32 on the CPU, with ONNX Runtime's
 threads from the project's thread budget (:func:`pipelines.hardware.threads_per_process`). The resize
-settings, pixel cap and categories come from the card: no params file is needed.
+settings, pixel cap and categories come from the card: no params file is needed. Torch, which only reads,
+resizes and pads the images around the graph here, gets one thread (:data:`TORCH_THREADS`): its OpenMP
+threads spin on the cores after each operation, where ONNX Runtime's threads then compute.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .preprocess import decode
 from .tta import Views, detect_views
 
 SUFFIX = ".onnx"
+TORCH_THREADS = 1  # torch's threads beside an OnnxBackend loaded by load()
 
 
 def is_onnx(model_file: Path) -> bool:
@@ -87,12 +90,14 @@ class OnnxBackend:
 
 def load(model_file: Path, *, score_thresh: float | None = None, threads: int | None = None) -> OnnxBackend:
     """The exported model in ``model_file`` as an :class:`OnnxBackend` (``score_thresh`` instead of the
-    card's where given; ``threads``: ONNX Runtime's, by default the thread budget of one process).
+    card's where given; ``threads``: ONNX Runtime's, by default the thread budget of one process); torch's
+    threads are set to :data:`TORCH_THREADS`.
 
     Raises:
         CheckpointError: the file is missing, not loadable, or holds no model card (one line).
     """
     backend = OnnxBackend(OnnxDetector(model_file, threads=threads or threads_per_process(1)))
+    torch.set_num_threads(TORCH_THREADS)
     if score_thresh is not None:
         backend.score_thresh = float(score_thresh)
     return backend

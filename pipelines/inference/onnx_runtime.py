@@ -24,9 +24,15 @@ from .postprocess import Detections, Thresholds, detections
 from .preprocess import decode, prepare
 
 
+SPIN_MICROSECONDS = 20  # how long an idle ONNX Runtime thread spins before it sleeps (see session())
+
+
 def session(path: str | os.PathLike, *, threads: int):
     """An ONNX Runtime session of the file at ``path`` on the CPU with ``threads`` intra-op threads (and
-    one inter-op thread: the graph is a chain).
+    one inter-op thread: the graph is a chain) that spin at most :data:`SPIN_MICROSECONDS` waiting for
+    work, then sleep. ONNX Runtime's threads otherwise spin long between the graph's operators and after
+    the run, on cores that decoding, resizing and post-processing (or torch's threads, or another process)
+    then wait for; not spinning at all costs a wake-up between operators, which is slower on idle cores.
 
     Raises:
         CheckpointError: the file is missing or ONNX Runtime cannot load it (one line).
@@ -40,6 +46,7 @@ def session(path: str | os.PathLike, *, threads: int):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_MICROSECONDS))
     options.log_severity_level = 3  # errors only: ONNX Runtime's warnings are not the user's to act on
     try:
         return ort.InferenceSession(name, sess_options=options, providers=["CPUExecutionProvider"])

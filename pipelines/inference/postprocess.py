@@ -8,6 +8,12 @@ best ``topk_candidates``, boxes decoded from the level's anchors (``BoxLinearCod
 ``nms_thresh`` (:func:`batched_nms`, as ``torchvision.ops.batched_nms`` computes it, ties included)
 and the best ``detections_per_img``.
 
+It computes less than that order suggests, with the same results: only the class logits that could pass
+``score_thresh`` are scored (a cut on the raw logits first: :func:`_logit_floor`), only the chosen
+candidates' anchors are computed, and the NMS decides blocks of boxes at once from their IoU matrix
+(:func:`_greedy_nms`), one greedy pass over all classes in score order that stops at
+``detections_per_img``.
+
 Equal scores are the one place where the order can differ: torchvision's top-k and its per-class NMS
 (above 1000 candidates) leave equal scores in the order of a partial or unstable sort, which is not
 reproduced here (a stable order is used); its NMS itself sorts stably, and so does :func:`nms`. Real
@@ -24,6 +30,7 @@ This module imports neither torch nor torchvision (an import-linter contract hol
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +39,10 @@ import numpy as np
 # torchvision.ops.batched_nms switches from the coordinate trick to per-class NMS above this many
 # box coordinates on the CPU: the two differ in tie order, so the same switch is made here.
 _VANILLA_ABOVE = 4000
+# Boxes the NMS decides together (one IoU matrix of this side at a time), until detections_per_img are kept.
+_BLOCK = 128
+# How far below logit(score_thresh ** 2) a class logit is still scored (see _logit_floor).
+_LOGIT_MARGIN = 1e-3
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,59 @@ def top_order(scores: np.ndarray, k: int | None = None) -> np.ndarray:
     return chosen[np.argsort(-scores[chosen], kind="stable")]
 
 
+def _overlaps(x1, y1, x2, y2, areas, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """IoU of the boxes ``rows`` (one per row) with the boxes ``cols`` (one per column), float32, in the
+    arithmetic of torchvision's CPU NMS kernel (which gives the same value for either order of a pair)."""
+    zero = np.float32(0)
+    w = np.maximum(zero, np.minimum(x2[rows, None], x2[cols]) - np.maximum(x1[rows, None], x1[cols]))
+    h = np.maximum(zero, np.minimum(y2[rows, None], y2[cols]) - np.maximum(y1[rows, None], y1[cols]))
+    inter = w * h
+    return inter / (areas[rows, None] + areas[cols] - inter)
+
+
+def _resolve(suppresses: np.ndarray) -> np.ndarray:
+    """The greedy decisions within a block of boxes in score order: ``suppresses[i, j]`` (only for ``i``
+    before ``j``) says that ``i``, if kept, removes ``j``; a box is kept when none of the boxes kept before
+    it removes it. Returns the kept mask. Decided in rounds, all at once: a box is removed once a kept box
+    removes it, and kept once no undecided box could (the first undecided box is decided in every round)."""
+    kept = np.zeros(len(suppresses), dtype=bool)
+    undecided = np.ones(len(suppresses), dtype=bool)
+    while undecided.any():
+        undecided &= ~suppresses[kept].any(axis=0)
+        newly = undecided & ~suppresses[undecided].any(axis=0)
+        kept |= newly
+        undecided &= ~newly
+    return kept
+
+
+def _greedy_nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float, classes: np.ndarray | None,
+                max_keep: int | None) -> np.ndarray:
+    """Greedy NMS in stable descending score order, a box removed by a kept better one of the same class
+    (any class if ``classes`` is None) whose IoU with it is above ``iou_threshold``. The boxes are decided
+    in blocks of :data:`_BLOCK`: first against the boxes kept in earlier blocks, then among themselves
+    (:func:`_resolve`); the kept indices, best first, at most ``max_keep`` (the blocks stop once reached)."""
+    order = np.argsort(-scores, kind="stable")
+    x1, y1, x2, y2 = (np.ascontiguousarray(boxes[:, k]) for k in range(4))
+    areas = (x2 - x1) * (y2 - y1)
+    threshold = np.float64(iou_threshold)  # a float64 scalar: the float32 overlaps are compared in float64
+    kept = np.zeros(0, dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 for empty boxes: NaN, never above the threshold
+        for start in range(0, len(order), _BLOCK):
+            block = order[start:start + _BLOCK]
+            if len(kept):
+                removed = _overlaps(x1, y1, x2, y2, areas, kept, block) > threshold
+                if classes is not None:
+                    removed &= classes[kept, None] == classes[block]
+                block = block[~removed.any(axis=0)]
+            suppresses = _overlaps(x1, y1, x2, y2, areas, block, block) > threshold
+            if classes is not None:
+                suppresses &= classes[block, None] == classes[block]
+            kept = np.concatenate([kept, block[_resolve(np.triu(suppresses, 1))]])
+            if max_keep is not None and len(kept) >= max_keep:
+                break
+    return kept[:max_keep]
+
+
 def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float, *, max_keep: int | None = None) -> np.ndarray:
     """``torchvision.ops.nms`` on the CPU: greedy, best score first (a stable sort: ties in input order),
     dropping every later box whose IoU with a kept one is above ``iou_threshold``; float32 arithmetic in
@@ -131,49 +195,56 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float, *, max_keep
     from the better ones alone)."""
     if len(boxes) == 0 or max_keep == 0:
         return np.zeros(0, np.int64)
-    x1, y1, x2, y2 = (boxes[:, k] for k in range(4))
-    areas = (x2 - x1) * (y2 - y1)
-    order = np.argsort(-scores, kind="stable")
-    suppressed = np.zeros(len(boxes), dtype=bool)
-    threshold = np.float64(iou_threshold)  # a float64 scalar: the float32 overlaps are compared in float64
-    zero = np.float32(0)
-    keep = []
-    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 for empty boxes: NaN, never above the threshold
-        for position, i in enumerate(order):
-            if suppressed[i]:
-                continue
-            keep.append(i)
-            if len(keep) == max_keep:
-                break
-            rest = order[position + 1:]
-            rest = rest[~suppressed[rest]]
-            if len(rest) == 0:
-                break
-            w = np.maximum(zero, np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]))
-            h = np.maximum(zero, np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]))
-            inter = w * h
-            suppressed[rest[inter / (areas[i] + areas[rest] - inter) > threshold]] = True
-    return np.asarray(keep, dtype=np.int64)
+    return _greedy_nms(boxes, scores, iou_threshold, None, max_keep)
 
 
 def batched_nms(boxes: np.ndarray, scores: np.ndarray, idxs: np.ndarray, iou_threshold: float, *,
                 max_keep: int | None = None) -> np.ndarray:
     """``torchvision.ops.batched_nms`` on the CPU: NMS within each class ``idxs``; the kept indices,
     int64, best first. Like torchvision, up to 1000 boxes go through one NMS with the boxes of each class
-    shifted apart (the same float32 shifts: the same result, ties included), more through one NMS per class
-    merged by score (equal scores then in index order, torchvision's in its unstable sort's order).
+    shifted apart (the same float32 shifts: the same result, ties included); more go through NMS within
+    each class (torchvision's per-class NMS merged by score; here one greedy pass over all the boxes in
+    score order, a box removed only by its own class's, which keeps the same boxes; equal scores then in
+    index order, torchvision's in its unstable sort's order).
     ``max_keep``: only the first ``max_keep`` kept indices (the same ones, found sooner)."""
-    if len(boxes) == 0:
+    if len(boxes) == 0 or max_keep == 0:
         return np.zeros(0, np.int64)
     if boxes.size > _VANILLA_ABOVE:
-        keep_mask = np.zeros(len(scores), dtype=bool)
-        for class_id in np.unique(idxs):
-            members = np.flatnonzero(idxs == class_id)
-            keep_mask[members[nms(boxes[members], scores[members], iou_threshold, max_keep=max_keep)]] = True
-        kept = np.flatnonzero(keep_mask)
-        return kept[np.argsort(-scores[kept], kind="stable")][:max_keep]
+        return _greedy_nms(boxes, scores, iou_threshold, np.asarray(idxs), max_keep)
     offsets = idxs.astype(boxes.dtype) * (boxes.max() + boxes.dtype.type(1))
-    return nms(boxes + offsets[:, None], scores, iou_threshold, max_keep=max_keep)
+    return _greedy_nms(boxes + offsets[:, None], scores, iou_threshold, None, max_keep)
+
+
+def _logit_floor(score_thresh: float) -> float | None:
+    """A class logit at or below which no score passes ``score_thresh`` (None: no such cut): a score is
+    ``sqrt(sigmoid(logit) * sigmoid(centerness))`` and ``sigmoid(centerness) <= 1``, so passing needs
+    ``sigmoid(logit) > score_thresh ** 2``; the cut is :data:`_LOGIT_MARGIN` below that logit, far more than
+    float32's rounding of the score can move it, so every logit that could pass is scored exactly."""
+    square = float(score_thresh) ** 2
+    if not 0 < square < 1:
+        return None
+    return math.log(square) - math.log1p(-square) - _LOGIT_MARGIN
+
+
+def _scored(logits: np.ndarray, ctrness: np.ndarray, num_classes: int,
+            floor: float | None) -> tuple[np.ndarray | None, np.ndarray]:
+    """The scores of one image's level (flat ``logits`` ``[locations * classes]``, ``ctrness``
+    ``[locations]``) where the logit is above ``floor`` (:func:`_logit_floor`; everywhere if None), and where
+    they are in ``logits``; None for everywhere (where most logits are above the floor, all are scored:
+    picking them out would cost more than it saves)."""
+    above = None if floor is None else logits > floor
+    if above is None or 4 * np.count_nonzero(above) > len(logits):
+        return None, np.sqrt(_sigmoid(logits).reshape(-1, num_classes) * _sigmoid(ctrness)[:, None]).reshape(-1)
+    candidates = np.flatnonzero(above)
+    return candidates, np.sqrt(_sigmoid(logits[candidates]) * _sigmoid(ctrness)[candidates // num_classes])
+
+
+def _anchors_at(locations: np.ndarray, width: int, stride: tuple[int, int], size: int) -> np.ndarray:
+    """:func:`level_anchors` of a level ``width`` locations wide, at ``locations`` only (the same values)."""
+    half = np.round(np.array([-size, -size, size, size], dtype=np.float32) / 2)
+    xs = (locations % width) * stride[1]
+    ys = (locations // width) * stride[0]
+    return np.stack([xs, ys, xs, ys], axis=1).astype(np.float32) + half
 
 
 def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.ndarray],
@@ -181,6 +252,10 @@ def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.nd
                image_sizes: Sequence[tuple[int, int]], anchor_sizes: Sequence[int],
                thresholds: Thresholds) -> list[Detections]:
     """FCOS's detections for a batch, from the network's outputs.
+
+    Only the class logits above :func:`_logit_floor` are scored (the others cannot pass the threshold),
+    and only the chosen candidates' anchors are computed: the same scores, boxes and order as scoring
+    every location and class.
 
     Args:
         cls_logits, bbox_regression, bbox_ctrness: per level (finest first), float32 arrays
@@ -198,27 +273,28 @@ def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.nd
         raise ValueError(f"expected {levels} levels of outputs, got {len(cls_logits)}, {len(bbox_regression)}, "
                          f"{len(bbox_ctrness)}")
     grids = [tuple(c.shape[1:3]) for c in cls_logits]
-    anchors = [level_anchors(grid, stride, size)
-               for grid, stride, size in zip(grids, level_strides(padded_size, grids), anchor_sizes)]
+    strides = level_strides(padded_size, grids)
+    floor = _logit_floor(thresholds.score_thresh)
     results = []
     for index, image_size in enumerate(image_sizes):
-        all_boxes, all_scores, all_labels = [], [], []
-        for logits, regression, ctrness, level_anchor in zip(cls_logits, bbox_regression, bbox_ctrness, anchors):
+        all_codes, all_anchors, all_scores, all_labels = [], [], [], []
+        for logits, regression, ctrness, grid, stride, size in zip(cls_logits, bbox_regression, bbox_ctrness,
+                                                                   grids, strides, anchor_sizes):
             num_classes = logits.shape[-1]
-            logits = np.asarray(logits[index], dtype=np.float32).reshape(-1, num_classes)
+            logits = np.asarray(logits[index], dtype=np.float32).reshape(-1)
+            ctrness = np.asarray(ctrness[index], dtype=np.float32).reshape(-1)
+            candidates, scores = _scored(logits, ctrness, num_classes, floor)
+            passed = np.flatnonzero(scores > thresholds.score_thresh)
+            best = passed[top_order(scores[passed], thresholds.topk_candidates)]
+            scores = scores[best]
+            locations, labels = np.divmod(best if candidates is None else candidates[best], num_classes)
             regression = np.asarray(regression[index], dtype=np.float32).reshape(-1, 4)
-            ctrness = np.asarray(ctrness[index], dtype=np.float32).reshape(-1, 1)
-            scores = np.sqrt(_sigmoid(logits) * _sigmoid(ctrness)).reshape(-1)
-            candidates = np.flatnonzero(scores > thresholds.score_thresh)
-            scores = scores[candidates]
-            best = top_order(scores, thresholds.topk_candidates)
-            scores, candidates = scores[best], candidates[best]
-            anchor_idxs, labels = candidates // num_classes, candidates % num_classes
-            boxes = clip_boxes(decode_boxes(regression[anchor_idxs], level_anchor[anchor_idxs]), image_size)
-            all_boxes.append(boxes)
+            all_codes.append(regression[locations])
+            all_anchors.append(_anchors_at(locations, grid[1], stride, size))
             all_scores.append(scores)
             all_labels.append(labels)
-        boxes = np.concatenate(all_boxes).astype(np.float32, copy=False)
+        boxes = clip_boxes(decode_boxes(np.concatenate(all_codes), np.concatenate(all_anchors)), image_size)
+        boxes = boxes.astype(np.float32, copy=False)
         scores = np.concatenate(all_scores).astype(np.float32, copy=False)
         labels = np.concatenate(all_labels).astype(np.int64, copy=False)
         keep = batched_nms(boxes, scores, labels, thresholds.nms_thresh, max_keep=thresholds.detections_per_img)
