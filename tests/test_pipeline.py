@@ -193,14 +193,18 @@ def test_predict_on_the_val_split_gives_the_ap_the_export_measured(repo, monkeyp
     import stages.predict
     from pipelines import cli
 
+    import torch
+
     monkeypatch.chdir(repo)
     out = repo / "outputs" / f"predict-{key}"
+    threads = torch.get_num_threads()  # predict sets torch's threads for the backend it loads
     cli.run(stages.predict.main, ["data/prepared/images/val", "--model", model, "--out", str(out),
                                   "--coco-gt", "data/prepared/val.json", "--precision", "fp32"])  # exit 0
     summary = json.loads((out / "summary.json").read_text())
     export = json.loads((repo / "metrics" / "export.json").read_text())
     assert summary["metrics"]["AP"] == pytest.approx(export[key], abs=1e-9)
     shutil.rmtree(out)
+    torch.set_num_threads(threads)
 
 
 def test_an_export_that_misses_parity_stops_in_one_line_and_replaces_nothing(repo, monkeypatch, capsys,

@@ -9,9 +9,9 @@ end to end, as the served model runs it and as the export's parity measures it (
 :mod:`.preprocess`, test-time views by :mod:`.tta`). Post-processing is the shared numpy implementation
 (:mod:`.postprocess`) with the card's thresholds. It computes in fp32 on the CPU, with ONNX Runtime's
 threads from the project's thread budget (:func:`pipelines.hardware.threads_per_process`). The resize
-settings, pixel cap and categories come from the card: no params file is needed. Torch, which only reads,
-resizes and pads the images around the graph here, gets one thread (:data:`TORCH_THREADS`): its OpenMP
-threads spin on the cores after each operation, where ONNX Runtime's threads then compute.
+settings, pixel cap and categories come from the card: no params file is needed. Torch, which at most
+hands images over and draws boxes around the graph here, gets one thread (:data:`TORCH_THREADS`): its
+OpenMP threads spin on the cores after each operation, where ONNX Runtime's threads then compute.
 """
 
 from __future__ import annotations
