@@ -6,7 +6,8 @@ training run, git commit, the weights' md5) into ``--out`` and the parity figure
 (:mod:`pipelines.inference.parity`; the test-time views are ``evaluate.tta_*``'s, whether or not
 ``evaluate.tta`` is on), with ``val_fingerprint`` (the first 16 hex digits of the val annotations'
 SHA-256) and the training run's ``mlflow_run_id``. The graph is fp32 whatever precision training used.
-Parity missed: one line naming the figures, and nothing written.
+The AP figures are pycocotools' (the reference), whatever ``evaluate.backend`` says. Parity missed: one
+line naming the figures, and nothing written.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         paths = {int(cache.image_ids[i]): cache.image_path(i) for i in range(len(cache))}
         figures = parity.measure(detector, runtime, loader, image_paths=paths, ground_truth=args.prepared / "val.json",
                                  category_ids=cache.category_ids, tta=build_data.test_time_augmentation(p, always=True),
-                                 size_divisibility=p.loader.size_divisibility, coco_backend=p.evaluate.backend)
+                                 size_divisibility=p.loader.size_divisibility, coco_backend="pycocotools")
         log.info("parity on %d val images: head outputs within %.2e, %d detections %.4f matched; AP torch %s, "
                  "onnx %s; with test-time views torch %s, onnx %s", len(cache), figures.max_abs_diff,
                  figures.detections, figures.match_rate, _ap(figures.ap_torch), _ap(figures.ap_onnx),

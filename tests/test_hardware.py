@@ -196,7 +196,7 @@ def test_the_tiny_pipeline_held_to_avx2_resolves_auto_to_fp32(tmp_path):
              "AVX2; no AVX512_BF16, AMX or AVX2_VNNI_2 as oneDNN counts them)")
     assert figures["pipeline"]["first_line"] == chose  # the train stage's first line
     assert figures["machine"]["isa"].startswith("AVX2") and figures["compute"]["precision"] == "fp32"  # the doctor's too
-    assert list(figures["pipeline"]["stages"]) == ["prepare", "cache", "train", "evaluate"]
+    assert list(figures["pipeline"]["stages"]) == ["prepare", "cache", "train", "evaluate", "export"]
     assert figures["predicted_s"]["total"] > 0 and 0 <= figures["pipeline"]["AP"] <= 1
     assert figures["tests"]["exit_code"] == 0 and figures["tests"]["counts"]["passed"] >= 1
     assert "| `dvc repro`, all stages (wall) |" in fresh_clone.table(figures)

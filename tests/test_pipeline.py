@@ -202,7 +202,8 @@ def test_predict_on_the_val_split_gives_the_ap_the_export_measured(repo, monkeyp
                                   "--coco-gt", "data/prepared/val.json", "--precision", "fp32"])  # exit 0
     summary = json.loads((out / "summary.json").read_text())
     export = json.loads((repo / "metrics" / "export.json").read_text())
-    assert summary["metrics"]["AP"] == pytest.approx(export[key], abs=1e-9)
+    assert summary["metrics"]["AP"] == pytest.approx(export[key], abs=1e-6)  # (the COCO scorers may differ in
+    # the last bits: predict scores a .pth with evaluate.backend, the export with pycocotools)
     shutil.rmtree(out)
     torch.set_num_threads(threads)
 
@@ -580,8 +581,12 @@ def test_sigkill_of_the_launcher_or_of_dvc_leaves_nothing_running_and_the_next_r
         family = [pid for pid in _descendants(dvc.pid) if _runs_module(pid, "pipelines.launch")]
         family += [pid for pid in _descendants(dvc.pid) if _runs_module(pid, "stages.train")]
         assert len(family) == 3  # the launcher and its 2 processes
+        for pid in family:  # held still while the state is read, so that "before" is the state at the kill
+            os.kill(pid, signal.SIGSTOP)
         before = _state(repo)
         os.kill(family[0] if target == "pipelines.launch" else dvc.pid, signal.SIGKILL)
+        for pid in family[1:] if target == "pipelines.launch" else family:
+            os.kill(pid, signal.SIGCONT)
         _, stderr = dvc.communicate(timeout=60)
         assert dvc.returncode != 0
         assert _gone_within(family, 5), f"still running after {target} was killed: {list(filter(_alive, family))}"
