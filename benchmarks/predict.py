@@ -55,7 +55,6 @@ from pipelines import checkpoint, cli, hardware
 from pipelines.build import data as build_data
 from pipelines.build import model as build_model
 from pipelines.config.load import load_params
-from pipelines.data.decode import decode_image
 from pipelines.errors import ConfigError
 from pipelines.inference import onnx_backend, onnx_export, runner, torch_backend
 from pipelines.inference.onnx_runtime import OnnxDetector

@@ -300,7 +300,9 @@ def writers(server, s3, tmp_path_factory):
         shutil.copytree(template, repo, symlinks=True)
         _use_remote(repo, s3["commands"], name)
         _commit(repo, "the team's remote")
-    queued = subprocess.run([*NICE, "dvc", "exp", "run", "--queue", *CI, "-S", "augment=none,flip"], cwd=repos["sweep"],
+    # (the sweep up to evaluate, the runs it checks; the clones' whole pipeline, which the tests below pull)
+    queued = subprocess.run([*NICE, "dvc", "exp", "run", "--queue", *CI, "-S", "augment=none,flip", "evaluate"],
+                            cwd=repos["sweep"],
                             env=env, capture_output=True, text=True, timeout=120)
     names = re.findall(r"Queued experiment '([\w-]+)'", queued.stdout)
     assert len(names) == 2, queued.stderr
