@@ -1,4 +1,4 @@
-# `make pipeline` installs (once) and runs the four DVC stages; `make test` installs and runs the tests;
+# `make pipeline` installs (once) and runs the five DVC stages; `make test` installs and runs the tests;
 # `make doctor` reports on the machine and predicts the pipeline's time on it; `make search` searches an
 # augmentation policy on this data (docs/search.md); `make tracking-server` runs a shared MLflow server on
 # PostgreSQL (docs/team.md).
