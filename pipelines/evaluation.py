@@ -18,7 +18,8 @@ from torchvision.transforms.v2 import functional as F
 from tqdm import tqdm
 
 from .data.collate import pad_images
-from .data.transforms import TestTimeAugmentation, resized_size
+from .data.sizes import resized_size
+from .data.transforms import TestTimeAugmentation
 
 log = logging.getLogger(__name__)
 

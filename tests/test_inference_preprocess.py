@@ -29,14 +29,6 @@ def _pixels(height: int, width: int, seed: int = 0) -> np.ndarray:
     return image.astype(np.uint8)
 
 
-def test_resized_size_is_trainings():
-    for height in range(1, 700, 37):
-        for width in range(1, 700, 41):
-            for min_size, max_size in ((320, 416), (256, 320), (800, 1333)):
-                assert preprocess.resized_size(height, width, min_size, max_size) == \
-                    transforms.resized_size(height, width, min_size, max_size)
-
-
 @pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "LA", "P", "I;16"])
 def test_png_decodes_as_trainings_decoder(tmp_path, mode):
     rgb = _pixels(24, 40)

@@ -17,6 +17,8 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
+from .sizes import resized_size
+
 Target = dict[str, torch.Tensor]
 
 # The per-channel statistics (RGB, 0..1) the detector normalises with; pixel-creating transforms
@@ -44,13 +46,6 @@ class SampleContext:
     fetch: Callable[[int], tuple[torch.Tensor, Target]] | None = None
     num_samples: int = 0
     seed: int = 0
-
-
-def resized_size(height: int, width: int, min_size: int, max_size: int) -> tuple[int, int]:
-    """Size after scaling the shorter side to ``min_size`` unless the longer would exceed ``max_size``."""
-    short, long = min(height, width), max(height, width)
-    scale = min(min_size / short, max_size / long)
-    return max(1, round(height * scale)), max(1, round(width * scale))
 
 
 class Compose:

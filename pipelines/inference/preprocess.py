@@ -9,8 +9,9 @@ pixel is decoded; nothing that is not a regular file opened. It decodes with PIL
 antialiased bilinear resize: their differences are measured by the export's parity, not assumed away.
 
 :func:`prepare` makes a batch: each image resized as the test transform resizes it (the shorter side
-to ``min_size``, the longer at most ``max_size``: :func:`resized_size`), padded with zeros at the
-bottom and right to a common size that is a multiple of ``size_divisibility``, as ``uint8 [N, 3, H, W]``.
+to ``min_size``, the longer at most ``max_size``: training's rule, :func:`pipelines.data.sizes.resized_size`),
+padded with zeros at the bottom and right to a common size that is a multiple of ``size_divisibility``, as
+``uint8 [N, 3, H, W]``.
 
 This module imports neither torch nor torchvision (an import-linter contract holds it).
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from ..data.sizes import resized_size
 from ..errors import ImageError, first_line
 from ..fileio import file_problem
 
@@ -64,14 +66,6 @@ class Batch:
     @property
     def padded_size(self) -> tuple[int, int]:
         return self.images.shape[2], self.images.shape[3]
-
-
-def resized_size(height: int, width: int, min_size: int, max_size: int) -> tuple[int, int]:
-    """Size after scaling the shorter side to ``min_size`` unless the longer would exceed ``max_size``
-    (training's :func:`pipelines.data.transforms.resized_size`, which a test holds equal)."""
-    short, long = min(height, width), max(height, width)
-    scale = min(min_size / short, max_size / long)
-    return max(1, round(height * scale)), max(1, round(width * scale))
 
 
 def _describe(width: int, height: int, frames: int) -> str:

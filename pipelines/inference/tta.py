@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..data.sizes import resized_size
 from .postprocess import Detections, Thresholds, batched_nms
-from .preprocess import pad_batch, resize, resized_size
+from .preprocess import pad_batch, resize
 
 Detect = Callable[[np.ndarray, list[tuple[int, int]]], list[Detections]]  # padded batch, sizes -> detections
 
