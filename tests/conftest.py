@@ -134,3 +134,19 @@ def tiny_cache(tiny_synthetic, tmp_path_factory):
     build_cache(coco, out, image_root=str(images), source_sha256=file_sha256(path), drop_empty=True)
     return AnnotationCache(out)
 
+
+def scene(height: int, width: int, seed: int):
+    """An ``uint8 [H, W, 3]`` image of a few filled shapes on a gradient (what the ONNX tests detect on)."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    image = Image.fromarray(np.stack([x * 255 // width, y * 255 // height, np.full_like(x, 90)], 2).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(5):
+        x0, y0 = int(rng.integers(0, width - 40)), int(rng.integers(0, height - 40))
+        box = (x0, y0, x0 + int(rng.integers(20, width // 2)), y0 + int(rng.integers(20, height // 2)))
+        fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=fill)
+    return np.asarray(image)

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 from torchvision.ops import batched_nms, nms
 
 from pipelines import checkpoint
@@ -19,6 +19,8 @@ from pipelines.inference import card as model_card
 from pipelines.inference import onnx_export, postprocess, preprocess
 from pipelines.inference.onnx_runtime import OnnxDetector
 from pipelines.model import build_detector
+
+from .conftest import scene as _scene
 
 CATEGORIES = [{"id": 1, "name": "circle"}, {"id": 3, "name": "square"}, {"id": 7, "name": "triangle"}]
 TINY = dict(backbone="resnet10", norm="batchnorm", fpn_channels=64, head_convs=2)  # fcos_tiny's network
@@ -66,20 +68,6 @@ def exported(trained, tmp_path_factory):
 @pytest.fixture(scope="module")
 def runtime(exported):
     return OnnxDetector(exported[0], threads=1)
-
-
-def _scene(height: int, width: int, seed: int) -> np.ndarray:
-    """An image of a few filled shapes on a gradient."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    image = Image.fromarray(np.stack([x * 255 // width, y * 255 // height, np.full_like(x, 90)], 2).astype(np.uint8))
-    draw = ImageDraw.Draw(image)
-    for _ in range(5):
-        x0, y0 = int(rng.integers(0, width - 40)), int(rng.integers(0, height - 40))
-        box = (x0, y0, x0 + int(rng.integers(20, width // 2)), y0 + int(rng.integers(20, height // 2)))
-        fill = tuple(int(v) for v in rng.integers(0, 256, 3))
-        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=fill)
-    return np.asarray(image)
 
 
 def test_graph_matches_pytorch_at_every_shape(trained, exported, runtime):

@@ -17,7 +17,8 @@ from PIL import Image
 from pipelines.inference import onnx_export, torch_backend
 from pipelines.inference.onnx_backend import is_onnx
 
-from .test_onnx_export import _scene, _spread
+from .conftest import scene as _scene
+from .test_onnx_export import _spread
 from .test_predict import CATEGORIES, _params_tree, _run, one_thread_each  # noqa: F401 (an autouse fixture)
 
 IMAGES = [(64, 96), (96, 64), (64, 80)]  # height, width

@@ -30,7 +30,7 @@ import onnx
 import pytest
 import yaml
 from onnx import TensorProto, helper
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from pipelines import cli
 from pipelines.errors import ConfigError
@@ -40,7 +40,7 @@ from pipelines.tracking import store as tracking_store
 from pipelines.tracking.registry import Registry, parse_model_uri
 from stages import register as register_stage
 
-from .conftest import REPO, set_dotted
+from .conftest import REPO, scene, set_dotted
 
 CATEGORIES = [{"id": 1, "name": "circle"}, {"id": 3, "name": "square"}, {"id": 7, "name": "triangle"}]
 ANCHORS = [8, 16, 32, 64, 128]
@@ -99,18 +99,6 @@ def tiny_graph(path: Path) -> ModelCard:
     onnx.save(model, str(path))
     write_card(card, path.parent / "model.json")
     return card
-
-
-def scene(height: int, width: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    image = Image.fromarray(np.stack([x * 255 // width, y * 255 // height, np.full_like(x, 90)], 2).astype(np.uint8))
-    draw = ImageDraw.Draw(image)
-    for _ in range(5):
-        x0, y0 = int(rng.integers(0, width - 20)), int(rng.integers(0, height - 20))
-        box = (x0, y0, x0 + int(rng.integers(10, width // 2)), y0 + int(rng.integers(10, height // 2)))
-        draw.rectangle(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-    return np.asarray(image)
 
 
 def free_port() -> int:
