@@ -7,7 +7,7 @@ every ``dvc exp run``, so the profile is passed to each run.
 - ``python .ci/pipeline_check.py`` (``.ci/run``, after the tests): a copy of the working tree runs
   ``dvc exp run -S profile=ci``; the results are committed; then ``dvc exp run -S profile=ci -S CHANGE``
   (``--change``, default ``augment.box_prob=0.5``) must re-run only train, evaluate and export, with prepare and
-  cache reported unchanged.
+  cache reported unchanged; then one more val image (``dataset.val_size``) must re-run everything but train.
 - ``python .ci/pipeline_check.py --base REV --head REV`` (``.github/workflows/pipeline.yml``): the profile
   on the base revision, then on the head revision in the same repository, so stages whose code, params
   and data did not change are reused, as in a developer's ``dvc exp run``.
@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "ci", "GIT_AUTHOR_EMAIL": "ci@localhost", "GIT_COMMITTER_NAME": "ci",
                 "GIT_COMMITTER_EMAIL": "ci@localhost"}
 DOWNSTREAM = {"train", "evaluate", "export"}  # what a change of an augmentation parameter must re-run, and nothing else
+VAL_DOWNSTREAM = {"prepare", "cache", "evaluate", "export"}  # a larger val split: everything but training
 
 
 class CheckError(Exception):
@@ -138,7 +139,16 @@ def check(*, profile: str, change: str | None, base: str | None, head: str | Non
     before = f"`{base}`" if base else "baseline"
     after = f"`{head}`" if base else f"`{change}`"
     title = f"## Pipeline on the `{profile}` profile: {before} → {after}\n\n"
-    return title + f"Re-ran: {', '.join(sorted(ran)) or 'nothing'}\n\n" + diffs(repo)
+    report = title + f"Re-ran: {', '.join(sorted(ran)) or 'nothing'}\n\n" + diffs(repo)
+    if not base:
+        val_size = int(re.search(r"^  val_size: (\d+)$", (repo / "params.yaml").read_text(), re.MULTILINE).group(1))
+        val_ran, val_unchanged, val_seconds = exp_run(repo, [*overrides, f"dataset.val_size={val_size + 1}"])
+        print(f"val split {val_size} -> {val_size + 1} images: ran {', '.join(sorted(val_ran))}; unchanged: "
+              f"{', '.join(sorted(val_unchanged)) or 'nothing'} ({val_seconds:.0f} s)", flush=True)
+        if val_ran != VAL_DOWNSTREAM or "train" not in val_unchanged:
+            raise CheckError(f"after dataset.val_size={val_size + 1}, expected everything but train to re-run; "
+                             f"ran {sorted(val_ran)}, unchanged {sorted(val_unchanged)}")
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,103 @@
+"""benchmarks.compare: paired comparisons over seeds, kept models, its record and its MLflow runs."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+
+from benchmarks import compare
+from pipelines import cli
+from pipelines.errors import ConfigError
+
+TINY = ["--baseline", "profile=ci", "--images", "0-7", "--resamples", "200"]
+
+
+@pytest.mark.parametrize("text, expected", [("0-4", [0, 1, 2, 3, 4]), ("3,1,2-3", [3, 1, 2]), (" 0 , 5 ", [0, 5])])
+def test_seeds_are_read_as_ranges_and_lists(text, expected):
+    assert compare.parse_seeds(text) == expected
+
+
+@pytest.mark.parametrize("text, says", [("", "at least two seeds"), ("4-0", "runs backwards"), ("0-64", "at most 64"),
+                                        ("a-b", "expected seeds"), ("3", "at least two seeds")])
+def test_bad_seeds_are_one_line_naming_the_flag(text, says):
+    with pytest.raises(ConfigError, match=says) as err:
+        compare.parse_seeds(text)
+    assert str(err.value).startswith("--seeds:") and "\n" not in str(err.value)
+
+
+def test_the_t_interval_and_the_fixed_rule():
+    low, high = compare.t_interval([0.01, 0.02, 0.03])
+    assert low == pytest.approx(0.02 - 4.302653 * 0.01 / 3 ** 0.5, abs=1e-6) and high == pytest.approx(0.02 + 0.0248414, abs=1e-6)
+    assert compare.verdict([0.01, 0.02], (0.001, 0.03), saves_time=False) == "adopt"
+    assert compare.verdict([0.01, 0.02], (-0.001, 0.03), saves_time=False) == "reject"
+    assert compare.verdict([0.01, 0.02], (-0.004, 0.03), saves_time=True) == "adopt"
+    assert compare.verdict([0.08, -0.031], (0.001, 0.05), saves_time=False) == "reject"  # one seed collapsed
+
+
+@pytest.mark.parametrize("args, says", [
+    (["-S", "train.bogus=1"], "train.bogus"),
+    (["-S", "train.base_lr=-1"], "train.base_lr"),
+    (["-S", "train.max_iter=8"], "leaves the baseline as it is"),  # the ci profile's own value
+    (["--seeds", "2-1"], "--seeds"),
+    (["--images", "7"], "--images"),
+])
+def test_bad_input_is_one_line_and_starts_no_run(tmp_path, capsys, args, says):
+    keep = tmp_path / "keep"
+    candidate = [] if "-S" in args else ["-S", "train.base_lr=0.002"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.run(compare.main, [*TINY, "--keep", str(keep), *candidate, *args])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.startswith("error:") and says in err and "\n" not in err
+    assert not keep.exists()
+
+
+def test_kept_models_of_another_configuration_are_refused(tmp_path, capsys):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "settings.json").write_text(json.dumps({"dataset": {"name": "synthetic", "seed": 7}, "class": "AVX2"}))
+    with pytest.raises(SystemExit) as exit_:
+        cli.run(compare.main, [*TINY, "-S", "train.base_lr=0.002", "--keep", str(keep), "--seeds", "0-1"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and "another configuration" in err and "\n" not in err
+    assert sorted(p.name for p in keep.iterdir()) == ["settings.json"]
+
+
+def test_an_evaluation_only_candidate_is_scored_on_the_baselines_models_and_resumes(tmp_path, capsys, monkeypatch):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    keep = tmp_path / "keep"
+    argv = [*TINY, "-S", "evaluate.tta=false", "--seeds", "0-1", "--keep", str(keep), "--json", "--name", "no-tta"]
+    cli.run(compare.main, argv)
+    f = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # two seeds, two arms; one model per seed: the candidate changes evaluation alone
+    assert sorted(p.name.rsplit("-", 1)[1] for p in (keep / "models").iterdir()) == ["s0", "s1"]
+    assert len(list((keep / "evaluations").iterdir())) == 4
+    runs = {(r["arm"], r["seed"]): r for r in f["runs"]}
+    assert runs["baseline", 0]["model"] == runs["candidate", 0]["model"] != runs["baseline", 1]["model"]
+    assert set(f["per_seed_delta"]) == {"0", "1"} and f["verdict"] in ("adopt", "reject")
+    deltas = [runs["candidate", s]["figures"]["AP"] - runs["baseline", s]["figures"]["AP"] for s in (0, 1)]
+    assert [f["per_seed_delta"][s] for s in ("0", "1")] == pytest.approx(deltas)
+    assert f["mean_delta"] == pytest.approx(sum(deltas) / 2)
+    assert f["ci95"][0] <= f["mean_delta"] <= f["ci95"][1] and len(f["bootstrap95"]) == 2
+    # MLflow: the parent run and one child per arm and seed, each with its AP
+    client = mlflow.MlflowClient(tracking_uri=store)
+    parent = client.get_run(f["mlflow_run_id"])
+    assert parent.data.tags["compare.verdict"] == f["verdict"]
+    assert parent.data.metrics["mean_delta_AP"] == pytest.approx(f["mean_delta"])
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted((c.data.tags["compare.arm"], c.data.params["seed"]) for c in children) == [
+        ("baseline", "0"), ("baseline", "1"), ("candidate", "0"), ("candidate", "1")]
+    assert {c.data.metrics["AP"] for c in children} == {r["figures"]["AP"] for r in f["runs"]}
+
+    # stopped after some runs: only what is missing runs again, and the figures are the same
+    missing = sorted((keep / "evaluations").iterdir())[0]
+    for path in sorted(missing.iterdir()):
+        path.unlink()
+    missing.rmdir()
+    cli.run(compare.main, argv)
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {k: again[k] for k in ("per_seed_delta", "ci95", "bootstrap95")} == \
+        {k: f[k] for k in ("per_seed_delta", "ci95", "bootstrap95")}
+    assert len(list((keep / "evaluations").iterdir())) == 4
