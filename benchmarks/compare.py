@@ -261,13 +261,17 @@ def compare(args) -> dict:
             raw = {**raw, "seed": seed}
             model = runner.model(raw, data)
             kept[arm, seed] = model, runner.detections(raw, data, model)
-    from pipelines import ap_bootstrap
+    from pipelines import ap_bootstrap, checkpoint
 
     runs, matches = {}, {}
     for (arm, seed), (model, (detections, seconds)) in kept.items():
         matches[arm, seed] = ap_bootstrap.image_matches(gt, [d for d in detections if d["image_id"] in ids])
-        runs[arm, seed] = {"model": model.name, "figures": ap_bootstrap.figures(matches[arm, seed]),
+        runs[arm, seed] = {"model": model.name, "precision": checkpoint.load(model / "model.pth")["precision"],
+                           "figures": ap_bootstrap.figures(matches[arm, seed]),
                            "seconds": {**json.loads((model / "seconds.json").read_text()), **seconds}}
+    precisions = sorted({r["precision"] for r in runs.values()})
+    if len(precisions) > 1:  # e.g. a candidate that sets model.precision: not a comparison of one arithmetic
+        raise ConfigError(f"the arms trained in different precisions ({', '.join(precisions)}); compare within one")
     per_seed = {seed: {k: _delta(runs["candidate", seed]["figures"], runs["baseline", seed]["figures"], k)
                        for k in COMPARED} for seed in seeds}
     deltas = [per_seed[s]["AP"] for s in seeds]
@@ -279,7 +283,7 @@ def compare(args) -> dict:
     mean_deltas = (ap[:, :, 1] - ap[:, :, 0]).mean(axis=1)
     boot = tuple(float(x) for x in np.quantile(mean_deltas, [0.025, 0.975]))
     return {"name": args.name or " ".join(args.set), "baseline": args.baseline, "candidate": args.set,
-            "seeds": seeds, "images": [images.start, images.stop - 1], "hold": args.hold,
+            "seeds": seeds, "images": [images.start, images.stop - 1], "hold": args.hold, "precision": precisions[0],
             "saves_time": args.saves_time,
             "runs": [{"arm": arm, "seed": seed, **runs[arm, seed]} for seed in seeds for arm in ARMS],
             "per_seed": {str(s): per_seed[s] for s in seeds},
@@ -333,7 +337,7 @@ def _fmt(value: float | None, sign: bool = True) -> str:
 
 def table(f: dict) -> str:
     lines = [f"`{f['name']}` against the baseline, seeds {', '.join(map(str, f['seeds']))}, val images "
-             "{}-{}".format(*f["images"]) + (f", held to {f['hold']}" if f["hold"] else "") + ".", "",
+             "{}-{}".format(*f["images"]) + (f", held to {f['hold']}" if f["hold"] else "") + f", {f['precision']}.", "",
              "| seed | AP base | AP cand | " + " | ".join(f"Δ{k}" for k in COMPARED) + " |",
              "|---|---|---|" + "---|" * len(COMPARED)]
     base = {r["seed"]: r for r in f["runs"] if r["arm"] == "baseline"}
