@@ -7,7 +7,8 @@ ground-truth box the location is matched to, as the original search does: bin 0 
 pixels of the resized training image, so with the original's bounds (2048, 10240, 51200) the 4 bins
 are small, medium, large and very large objects). What goes in:
 
-* a location's classification loss: its sigmoid focal loss summed over the classes, as FCOS sums it;
+* a location's classification loss: its sigmoid focal loss summed over the classes, as FCOS sums it (its
+  quality focal loss with ``cls_loss="qfl"``);
 * its regression loss: the GIoU loss of its decoded box against the matched box;
 * not the centerness loss, which the original's bins leave out too (centerness measures where in a
   box a location sits, not how well the box was found);
@@ -17,6 +18,13 @@ A box whose area is exactly on a bound counts in the upper bin. The original's s
 put it in no bin at all, which drops its loss from the score; with real boxes (float areas after
 resizing) the difference is rare. The sums are not divided by the number of positive locations: the
 search's score divides the bins by their total.
+
+With ``cls_loss="qfl"`` (``model.cls_loss``) the head trains GFL's quality focal loss instead (Li et al., NeurIPS
+2020): at a positive location the target of its ground truth's class is the IoU of the location's decoded box
+with that ground-truth box (detached), elsewhere 0; the loss is :func:`quality_focal_loss` (beta 2) summed and
+divided by the number of positive locations, as the focal loss is. The centerness branch is not trained (its
+loss is 0, kept as a term so that every parameter gets a gradient, as DDP requires) and the detector scores
+``sigmoid(cls)`` without it (:meth:`pipelines.model.Detector.postprocess_detections`).
 """
 
 from __future__ import annotations
@@ -25,18 +33,39 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 from torchvision.models.detection.fcos import FCOSHead
 from torchvision.ops import generalized_box_iou_loss, sigmoid_focal_loss
 
+from .config.schema import CLS_LOSSES
+
 SEARCH_BOUNDS = (2048.0, 10240.0, 51200.0)  # the original search's bins, in pixels of the resized image
+QFL_BETA = 2.0  # GFL's
+
+
+def quality_focal_loss(logits: Tensor, targets: Tensor, beta: float = QFL_BETA) -> Tensor:
+    """GFL's quality focal loss per element: ``BCE(sigmoid(logits), targets) * |targets - sigmoid(logits)| ** beta``
+    (``targets`` in [0, 1]: 0 for background, the box quality at a positive's class)."""
+    return F.binary_cross_entropy_with_logits(logits, targets, reduction="none") * (targets - logits.sigmoid()).abs().pow(beta)
+
+
+def paired_iou(a: Tensor, b: Tensor) -> Tensor:
+    """The IoU of each box of ``a`` (``[K, 4]`` xyxy) with the box of ``b`` in the same row."""
+    inter = ((torch.minimum(a[:, 2], b[:, 2]) - torch.maximum(a[:, 0], b[:, 0])).clamp(min=0)
+             * (torch.minimum(a[:, 3], b[:, 3]) - torch.maximum(a[:, 1], b[:, 1])).clamp(min=0))
+    union = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1]) + (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]) - inter
+    return inter / union.clamp(min=torch.finfo(union.dtype).eps)
 
 
 class ScaleLossHead(FCOSHead):
     """``FCOSHead`` whose loss, while :attr:`bounds` is set, also sums into :attr:`scale_losses`
     (one value per bin, accumulated over calls until :meth:`take_scale_losses`)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, cls_loss: str = "focal", **kwargs):
         super().__init__(*args, **kwargs)
+        if cls_loss not in CLS_LOSSES:
+            raise ValueError(f"cls_loss: expected one of {', '.join(CLS_LOSSES)}, got {cls_loss!r}")
+        self.cls_loss = cls_loss
         self.bounds: tuple[float, ...] | None = None
         self.scale_losses: Tensor | None = None
 
@@ -57,19 +86,48 @@ class ScaleLossHead(FCOSHead):
 
     def compute_loss(self, targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
                      matched_idxs: list[Tensor]) -> dict[str, Tensor]:
-        losses = super().compute_loss(targets, head_outputs, anchors, matched_idxs)
+        if self.cls_loss == "focal":
+            losses = super().compute_loss(targets, head_outputs, anchors, matched_idxs)
+        else:
+            losses = self._quality_loss(targets, head_outputs, anchors, matched_idxs)
         if self.bounds is not None:
             with torch.no_grad():
                 bins = scale_binned_loss(targets, head_outputs, anchors, matched_idxs, box_coder=self.box_coder,
-                                         bounds=self.bounds)
+                                         bounds=self.bounds, cls_loss=self.cls_loss)
             self.scale_losses = bins if self.scale_losses is None else self.scale_losses + bins
         return losses
 
 
+    def _quality_loss(self, targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
+                      matched_idxs: list[Tensor]) -> dict[str, Tensor]:
+        """The loss with quality focal classification (see the module's docstring); regression as FCOS's."""
+        cls_logits, bbox_regression = head_outputs["cls_logits"], head_outputs["bbox_regression"]
+        classes, boxes = [], []
+        for target, matched in zip(targets, matched_idxs):
+            if len(target["labels"]) == 0:
+                classes.append(target["labels"].new_full((len(matched),), -1))
+                boxes.append(target["boxes"].new_zeros((len(matched), 4)))
+            else:
+                classes.append(torch.where(matched >= 0, target["labels"][matched.clip(min=0)], -1))
+                boxes.append(target["boxes"][matched.clip(min=0)])
+        classes, boxes = torch.stack(classes), torch.stack(boxes)
+        foreground = classes >= 0
+        num_foreground = max(1, int(foreground.sum().item()))
+        predicted = self.box_coder.decode(bbox_regression, torch.stack(anchors))[foreground]
+        matched_boxes = boxes[foreground]
+        quality = torch.zeros_like(cls_logits)
+        quality[foreground, classes[foreground]] = paired_iou(predicted.detach(), matched_boxes).to(quality.dtype)
+        return {
+            "classification": quality_focal_loss(cls_logits, quality).sum() / num_foreground,
+            "bbox_regression": generalized_box_iou_loss(predicted, matched_boxes, reduction="sum") / num_foreground,
+            "bbox_ctrness": head_outputs["bbox_ctrness"].sum() * 0.0,  # not trained; a term for DDP's gradients
+        }
+
+
 def scale_binned_loss(targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
-                      matched_idxs: list[Tensor], *, box_coder, bounds: Sequence[float]) -> Tensor:
-    """Classification plus regression loss of the positive locations, summed per area bin (on the CPU,
-    float64, ``len(bounds) + 1`` values); the inputs are those of ``FCOSHead.compute_loss``."""
+                      matched_idxs: list[Tensor], *, box_coder, bounds: Sequence[float], cls_loss: str = "focal") -> Tensor:
+    """Classification (``cls_loss``'s) plus regression loss of the positive locations, summed per area bin (on
+    the CPU, float64, ``len(bounds) + 1`` values); the inputs are those of ``FCOSHead.compute_loss``."""
     bins = torch.zeros(len(bounds) + 1, dtype=torch.float64)
     edges = torch.tensor(list(bounds), dtype=torch.float32)
     for i, (target, matched) in enumerate(zip(targets, matched_idxs)):
@@ -79,10 +137,14 @@ def scale_binned_loss(targets: list[dict[str, Tensor]], head_outputs: dict[str, 
         boxes = target["boxes"][matched[positive]].float()
         logits = head_outputs["cls_logits"][i][positive].float()
         onehot = torch.zeros_like(logits)
-        onehot[torch.arange(len(boxes)), target["labels"][matched[positive]]] = 1.0
-        classification = sigmoid_focal_loss(logits, onehot, reduction="none").sum(dim=1)
         predicted = box_coder.decode(head_outputs["bbox_regression"][i][positive].float()[None],
                                      anchors[i][positive][None])[0]
+        if cls_loss == "focal":
+            onehot[torch.arange(len(boxes)), target["labels"][matched[positive]]] = 1.0
+            classification = sigmoid_focal_loss(logits, onehot, reduction="none").sum(dim=1)
+        else:
+            onehot[torch.arange(len(boxes)), target["labels"][matched[positive]]] = paired_iou(predicted, boxes)
+            classification = quality_focal_loss(logits, onehot).sum(dim=1)
         regression = generalized_box_iou_loss(predicted, boxes, reduction="none")
         areas = ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).cpu()
         which = torch.bucketize(areas, edges, right=True)  # bounds[k-1] <= area < bounds[k]
