@@ -165,12 +165,15 @@ class Detector(FCOS):
     also sums it by object scale after ``head.measure_scales()``, :mod:`pipelines.scale_loss`);
     evaluation returns one dict per image with ``boxes`` (xyxy in the resized image), ``scores`` and
     ``labels`` (contiguous). ``cls_loss`` (``model.cls_loss``): ``focal``, FCOS's loss and scores; ``qfl``, the
-    quality focal loss (:mod:`pipelines.scale_loss`) and scores ``sigmoid(cls)``, without centerness.
+    quality focal loss (:mod:`pipelines.scale_loss`) and scores ``sigmoid(cls)``, without centerness;
+    ``centerness_weighted_giou`` and ``sync_num_pos``: the official FCOS's loss details (:mod:`pipelines.scale_loss`).
     """
 
     def __init__(self, backbone: nn.Module, num_classes: int, *, head_convs: int, precision: str = "fp32",
-                 channels_last: bool = False, cls_loss: str = "focal", **fcos_kwargs):
-        head = ScaleLossHead(backbone.out_channels, 1, num_classes, num_convs=head_convs, cls_loss=cls_loss)
+                 channels_last: bool = False, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
+                 sync_num_pos: bool = False, **fcos_kwargs):
+        head = ScaleLossHead(backbone.out_channels, 1, num_classes, num_convs=head_convs, cls_loss=cls_loss,
+                             centerness_weighted_giou=centerness_weighted_giou, sync_num_pos=sync_num_pos)
         super().__init__(backbone, num_classes, head=head, **fcos_kwargs)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.channels_last = channels_last
@@ -235,7 +238,8 @@ def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = 
                    backbone_weights: str | Path | None = None, trainable_layers: int = 5,
                    head_convs: int = 2, precision: str = "fp32", channels_last: bool = False,
                    score_thresh: float = 0.05, nms_thresh: float = 0.6, detections_per_img: int = 100,
-                   topk_candidates: int = 1000, cls_loss: str = "focal") -> Detector:
+                   topk_candidates: int = 1000, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
+                   sync_num_pos: bool = False) -> Detector:
     """Build a :class:`Detector`: random weights, the ResNet's from ``backbone_weights`` if given
     (see :func:`build_backbone`; without them nothing is downloaded)."""
     return Detector(
@@ -246,6 +250,8 @@ def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = 
         precision=precision,
         channels_last=channels_last,
         cls_loss=cls_loss,
+        centerness_weighted_giou=centerness_weighted_giou,
+        sync_num_pos=sync_num_pos,
         score_thresh=score_thresh,
         nms_thresh=nms_thresh,
         detections_per_img=detections_per_img,

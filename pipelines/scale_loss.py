@@ -25,6 +25,12 @@ with that ground-truth box (detached), elsewhere 0; the loss is :func:`quality_f
 divided by the number of positive locations, as the focal loss is. The centerness branch is not trained (its
 loss is 0, kept as a term so that every parameter gets a gradient, as DDP requires) and the detector scores
 ``sigmoid(cls)`` without it (:meth:`pipelines.model.Detector.postprocess_detections`).
+
+Two details of the official FCOS that torchvision's loss leaves out, each optional: ``centerness_weighted_giou``
+weighs each positive location's GIoU loss by its centerness target and divides the sum by the sum of those
+targets (instead of by the number of positives); ``sync_num_pos`` divides by the number of positive locations
+(and the centerness targets' sum) averaged over the training processes, all-reduced, instead of this process's.
+The bins above keep the unweighted GIoU loss.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch import distributed as dist
 from torch.nn import functional as F
 from torchvision.models.detection.fcos import FCOSHead
 from torchvision.ops import generalized_box_iou_loss, sigmoid_focal_loss
@@ -61,11 +68,14 @@ class ScaleLossHead(FCOSHead):
     """``FCOSHead`` whose loss, while :attr:`bounds` is set, also sums into :attr:`scale_losses`
     (one value per bin, accumulated over calls until :meth:`take_scale_losses`)."""
 
-    def __init__(self, *args, cls_loss: str = "focal", **kwargs):
+    def __init__(self, *args, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
+                 sync_num_pos: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         if cls_loss not in CLS_LOSSES:
             raise ValueError(f"cls_loss: expected one of {', '.join(CLS_LOSSES)}, got {cls_loss!r}")
         self.cls_loss = cls_loss
+        self.centerness_weighted_giou = bool(centerness_weighted_giou)
+        self.sync_num_pos = bool(sync_num_pos)
         self.bounds: tuple[float, ...] | None = None
         self.scale_losses: Tensor | None = None
 
@@ -86,10 +96,10 @@ class ScaleLossHead(FCOSHead):
 
     def compute_loss(self, targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
                      matched_idxs: list[Tensor]) -> dict[str, Tensor]:
-        if self.cls_loss == "focal":
-            losses = super().compute_loss(targets, head_outputs, anchors, matched_idxs)
+        if self.cls_loss == "focal" and not self.centerness_weighted_giou and not self.sync_num_pos:
+            losses = super().compute_loss(targets, head_outputs, anchors, matched_idxs)  # torchvision's, as it is
         else:
-            losses = self._quality_loss(targets, head_outputs, anchors, matched_idxs)
+            losses = self._loss(targets, head_outputs, anchors, matched_idxs)
         if self.bounds is not None:
             with torch.no_grad():
                 bins = scale_binned_loss(targets, head_outputs, anchors, matched_idxs, box_coder=self.box_coder,
@@ -97,10 +107,9 @@ class ScaleLossHead(FCOSHead):
             self.scale_losses = bins if self.scale_losses is None else self.scale_losses + bins
         return losses
 
-
-    def _quality_loss(self, targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
-                      matched_idxs: list[Tensor]) -> dict[str, Tensor]:
-        """The loss with quality focal classification (see the module's docstring); regression as FCOS's."""
+    def _loss(self, targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
+              matched_idxs: list[Tensor]) -> dict[str, Tensor]:
+        """The loss with the quality focal loss or the official FCOS's details (see the module's docstring)."""
         cls_logits, bbox_regression = head_outputs["cls_logits"], head_outputs["bbox_regression"]
         classes, boxes = [], []
         for target, matched in zip(targets, matched_idxs):
@@ -110,18 +119,50 @@ class ScaleLossHead(FCOSHead):
             else:
                 classes.append(torch.where(matched >= 0, target["labels"][matched.clip(min=0)], -1))
                 boxes.append(target["boxes"][matched.clip(min=0)])
-        classes, boxes = torch.stack(classes), torch.stack(boxes)
+        classes, boxes, anchors = torch.stack(classes), torch.stack(boxes), torch.stack(anchors)
         foreground = classes >= 0
-        num_foreground = max(1, int(foreground.sum().item()))
-        predicted = self.box_coder.decode(bbox_regression, torch.stack(anchors))[foreground]
+        num_foreground = foreground.sum().item()
+        normaliser = max(1.0, self._over_processes(float(num_foreground)))
+        predicted = self.box_coder.decode(bbox_regression, anchors)[foreground]
         matched_boxes = boxes[foreground]
-        quality = torch.zeros_like(cls_logits)
-        quality[foreground, classes[foreground]] = paired_iou(predicted.detach(), matched_boxes).to(quality.dtype)
-        return {
-            "classification": quality_focal_loss(cls_logits, quality).sum() / num_foreground,
-            "bbox_regression": generalized_box_iou_loss(predicted, matched_boxes, reduction="sum") / num_foreground,
-            "bbox_ctrness": head_outputs["bbox_ctrness"].sum() * 0.0,  # not trained; a term for DDP's gradients
-        }
+        cls_targets = torch.zeros_like(cls_logits)
+        if self.cls_loss == "focal":
+            cls_targets[foreground, classes[foreground]] = 1.0
+            classification = sigmoid_focal_loss(cls_logits, cls_targets, reduction="sum")
+        else:
+            quality = paired_iou(predicted.detach(), matched_boxes).to(cls_targets.dtype)
+            cls_targets[foreground, classes[foreground]] = quality
+            classification = quality_focal_loss(cls_logits, cls_targets).sum()
+        centerness = centerness_targets(self.box_coder.encode(anchors[foreground], matched_boxes))
+        giou = generalized_box_iou_loss(predicted, matched_boxes, reduction="none")
+        if self.centerness_weighted_giou:
+            regression = (giou * centerness).sum() / max(1e-6, self._over_processes(centerness.sum().item()))
+        else:
+            regression = giou.sum() / normaliser
+        if self.cls_loss == "focal":
+            ctrness = F.binary_cross_entropy_with_logits(head_outputs["bbox_ctrness"].squeeze(dim=2)[foreground],
+                                                         centerness, reduction="sum") / normaliser
+        else:
+            ctrness = head_outputs["bbox_ctrness"].sum() * 0.0  # not trained; a term for DDP's gradients
+        return {"classification": classification / normaliser, "bbox_regression": regression, "bbox_ctrness": ctrness}
+
+    def _over_processes(self, value: float) -> float:
+        """With ``sync_num_pos``, ``value``'s mean over the training processes (the official FCOS's
+        ``reduce_sum / num_gpus``); without, or in one process, ``value``."""
+        if not (self.sync_num_pos and dist.is_available() and dist.is_initialized()):
+            return value
+        total = torch.tensor([value], dtype=torch.float64,
+                             device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(total)
+        return total.item() / dist.get_world_size()
+
+
+def centerness_targets(reg_targets: Tensor) -> Tensor:
+    """FCOS's centerness target of locations whose regression targets (distances to the left, top, right and
+    bottom sides) are ``reg_targets`` ``[K, 4]``: ``sqrt(min(l, r) / max(l, r) * min(t, b) / max(t, b))``."""
+    left_right, top_bottom = reg_targets[:, [0, 2]], reg_targets[:, [1, 3]]
+    return torch.sqrt((left_right.min(dim=-1)[0] / left_right.max(dim=-1)[0])
+                      * (top_bottom.min(dim=-1)[0] / top_bottom.max(dim=-1)[0]))
 
 
 def scale_binned_loss(targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],

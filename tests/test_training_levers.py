@@ -173,3 +173,57 @@ def test_a_qfl_detector_trains_and_scores_without_centerness():
         model.head.regression_head.bbox_ctrness.bias.add_(-4.0)  # a centerness that would lower every score
         again = model(batch[0], batch[1])
     assert all(torch.equal(a["scores"], b["scores"]) for a, b in zip(found, again))
+
+
+def _focal_model(**details):
+    torch.manual_seed(0)
+    return build_detector(num_classes=3, backbone="resnet10", fpn_channels=32, head_convs=1, **details).train()
+
+
+def test_the_official_fcos_loss_details(monkeypatch):
+    """Without other processes, ``sync_num_pos`` gives torchvision's loss (computed here by the head's own
+    path); with another process holding more positives, every term is divided by the processes' mean count;
+    ``centerness_weighted_giou`` weighs each positive's GIoU loss by its centerness target over their sum."""
+    batch = _batch()
+    reference = _focal_model()(*batch)
+    synced = _focal_model(sync_num_pos=True)(*batch)
+    for key in reference:
+        torch.testing.assert_close(synced[key], reference[key], rtol=1e-5, atol=1e-6)
+
+    model = _focal_model(centerness_weighted_giou=True)
+    seen = {}
+    compute_loss = model.head.compute_loss
+
+    def spy(targets, head_outputs, anchors, matched_idxs):
+        seen.update(outputs=head_outputs, anchors=anchors, matched=matched_idxs)
+        return compute_loss(targets, head_outputs, anchors, matched_idxs)
+
+    model.head.compute_loss = spy
+    weighted = model(*batch)
+    torch.testing.assert_close(weighted["classification"], reference["classification"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weighted["bbox_ctrness"], reference["bbox_ctrness"], rtol=1e-5, atol=1e-6)
+    matched, target = seen["matched"][0], batch[2][0]
+    positive = matched >= 0
+    boxes = target["boxes"][matched[positive]]
+    anchors = seen["anchors"][0][positive]
+    predicted = model.head.box_coder.decode(seen["outputs"]["bbox_regression"][0][positive][None], anchors[None])[0]
+    centre = (anchors[:, :2] + anchors[:, 2:]) / 2
+    l, t = (centre - boxes[:, :2]).unbind(1)
+    r, b = (boxes[:, 2:] - centre).unbind(1)
+    centerness = torch.sqrt(torch.minimum(l, r) / torch.maximum(l, r) * torch.minimum(t, b) / torch.maximum(t, b))
+    from torchvision.ops import generalized_box_iou_loss
+
+    expected = (generalized_box_iou_loss(predicted, boxes, reduction="none") * centerness).sum() / centerness.sum()
+    torch.testing.assert_close(weighted["bbox_regression"], expected, rtol=1e-5, atol=1e-6)
+
+    import torch.distributed as dist
+
+    other = 30.0  # the other process's positives
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor: tensor.add_(other))
+    shared = _focal_model(sync_num_pos=True)(*batch)
+    positives = int(positive.sum())
+    for key in reference:
+        torch.testing.assert_close(shared[key], reference[key] * positives / ((positives + other) / 2), rtol=1e-5, atol=1e-6)

@@ -87,6 +87,10 @@ class Model:
     # focal: FCOS's sigmoid focal loss and centerness, scores sqrt(sigmoid(cls) * sigmoid(centerness)); qfl: GFL's
     # quality focal loss (targets: the IoU of the predicted box at positives), no centerness, scores sigmoid(cls)
     cls_loss: str = MISSING
+    # the official FCOS's loss details: GIoU weighted by the centerness target, normalised by its sum; the
+    # positives' count (and that sum) averaged over the processes (all-reduced) rather than this process's
+    centerness_weighted_giou: bool = MISSING
+    sync_num_pos: bool = MISSING
 
 
 @dataclass
