@@ -46,14 +46,18 @@ def test_the_default_params_turn_every_lever_off(base_params, tiny_cache):
      "the size is drawn per image and iteration, after batching), got True"),
     ({"loader__padded_shape_grouping": True, "loader__aspect_grouping": False},
      "params.yaml: loader.padded_shape_grouping: expected false with loader.aspect_grouping false"),
-    ({"augment": {"name": "flip", "hflip_prob": 0.5, "off_tail": 0.2, "policy_file": "pipelines/policy.py"}},
-     "params.yaml: augment.off_tail: expected 0 with augment.name=flip (no strong augmentation to turn off), got 0.2"),
     ({"augment__off_tail": -0.1}, "params.yaml: augment.off_tail: expected a fraction of train.max_iter in [0, 1)"),
 ])
 def test_bad_lever_settings_stop_with_one_line_naming_the_param(base_params, changes, message):
     with pytest.raises(ConfigError) as err:
         _params(base_params, **changes)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_tail_with_the_flip_alone_is_ignored(base_params):
+    """The policy search's baseline trains with ``--set augment.name=flip`` over params that may have a tail."""
+    p = _params(base_params, augment__off_tail=0.2, augment__name="flip")
+    assert build_data.augmentation(p).__class__.__name__ == "RandomHorizontalFlip"
 
 
 def test_padded_shape_groups_of_a_cache_give_one_padded_shape_per_training_batch(base_params, tiny_cache):

@@ -75,11 +75,10 @@ def check_model(model: Model, require: Require) -> None:
 
 def check_augment(augment: Augment, require: Require, source: str) -> None:
     require(0 <= augment.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", augment.hflip_prob)
-    if augment.name not in ("sa_autoaug", "trivial"):
-        require(augment.off_tail == 0, "augment.off_tail", f"0 with augment.name={augment.name} (no strong "
-                "augmentation to turn off)", augment.off_tail)
-        return
+    # (none and flip have nothing to turn off and ignore it: the search's baseline sets augment.name=flip alone)
     require(0 <= augment.off_tail < 1, "augment.off_tail", "a fraction of train.max_iter in [0, 1)", augment.off_tail)
+    if augment.name not in ("sa_autoaug", "trivial"):
+        return
     from_file = augment.policy is None and augment.policy_file.endswith(".json")  # read by the train stage
     needed = ("scale_splits", "box_prob") if augment.name == "trivial" else (
         *(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
