@@ -73,6 +73,16 @@ def test_padded_shape_groups_of_a_cache_give_one_padded_shape_per_training_batch
                    for h, w in batch.image_sizes)  # no image is padded beyond the next multiple of 32
 
 
+def test_the_padding_benchmark_replays_the_training_batches(base_params, tiny_cache):
+    from benchmarks.padding import padding
+
+    by_orientation = padding(_params(base_params, train__max_iter=30, train__warmup_iters=2), tiny_cache)
+    by_shape = padding(_params(base_params, train__max_iter=30, train__warmup_iters=2,
+                               loader__padded_shape_grouping=True), tiny_cache)
+    assert by_shape["padding"] < by_orientation["padding"] and by_shape["padded_pixels"] < by_orientation["padded_pixels"]
+    assert by_shape["images_per_batch"] <= by_orientation["images_per_batch"] <= 4 and by_shape["exact"]
+
+
 def test_the_tail_turns_the_policy_off_for_exactly_the_last_iterations_and_resumes(base_params, tiny_cache):
     p = _params(base_params, augment__off_tail=0.25, train__max_iter=8, train__warmup_iters=2, train__ims_per_batch=2, train__nproc=1,
                 evaluate__ims_per_batch=2, loader__num_workers=0)
