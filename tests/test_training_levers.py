@@ -47,6 +47,7 @@ def test_the_default_params_turn_every_lever_off(base_params, tiny_cache):
     ({"loader__padded_shape_grouping": True, "loader__aspect_grouping": False},
      "params.yaml: loader.padded_shape_grouping: expected false with loader.aspect_grouping false"),
     ({"augment__off_tail": -0.1}, "params.yaml: augment.off_tail: expected a fraction of train.max_iter in [0, 1)"),
+    ({"augment__off_tail": KeyError}, "params.yaml: augment.off_tail: missing value (required by augment.name=sa_autoaug)"),
 ])
 def test_bad_lever_settings_stop_with_one_line_naming_the_param(base_params, changes, message):
     with pytest.raises(ConfigError) as err:

@@ -97,8 +97,9 @@ class Model:
 class Augment:
     name: str = MISSING  # none | flip | sa_autoaug | trivial
     hflip_prob: float = MISSING
-    # the last off_tail of train.max_iter's iterations run the resize and flip only (sa_autoaug, trivial; 0: none)
-    off_tail: float = MISSING
+    # the last off_tail of train.max_iter's iterations run the resize and flip only (required by sa_autoaug and
+    # trivial; 0: no tail)
+    off_tail: Optional[float] = None
     # Scale-aware AutoAugment (required by name=sa_autoaug; scale_splits and box_prob also by trivial)
     policy: Optional[list[int]] = None  # the flat gene list, 4 + 6 * n_subpolicies + 6 integers 0..9
     n_subpolicies: Optional[int] = None
