@@ -36,6 +36,7 @@ The bins above keep the unweighted GIoU loss.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -44,7 +45,7 @@ from torch.nn import functional as F
 from torchvision.models.detection.fcos import FCOSHead
 from torchvision.ops import generalized_box_iou_loss, sigmoid_focal_loss
 
-from .config.schema import CLS_LOSSES
+from .config.schema import registry
 
 SEARCH_BOUNDS = (2048.0, 10240.0, 51200.0)  # the original search's bins, in pixels of the resized image
 QFL_BETA = 2.0  # GFL's
@@ -54,6 +55,12 @@ def quality_focal_loss(logits: Tensor, targets: Tensor, beta: float = QFL_BETA) 
     """GFL's quality focal loss per element: ``BCE(sigmoid(logits), targets) * |targets - sigmoid(logits)| ** beta``
     (``targets`` in [0, 1]: 0 for background, the box quality at a positive's class)."""
     return F.binary_cross_entropy_with_logits(logits, targets, reduction="none") * (targets - logits.sigmoid()).abs().pow(beta)
+
+
+# model.cls_loss: the names config validation accepts are these keys (config.registry); each is the
+# classification loss per element given its targets (one-hot for focal, the positives' IoU for qfl).
+CLS_LOSSES = registry("model.cls_loss", {"focal": partial(sigmoid_focal_loss, reduction="none"),
+                                         "qfl": quality_focal_loss})
 
 
 def paired_iou(a: Tensor, b: Tensor) -> Tensor:
@@ -128,11 +135,11 @@ class ScaleLossHead(FCOSHead):
         cls_targets = torch.zeros_like(cls_logits)
         if self.cls_loss == "focal":
             cls_targets[foreground, classes[foreground]] = 1.0
-            classification = sigmoid_focal_loss(cls_logits, cls_targets, reduction="sum")
+            classification = CLS_LOSSES["focal"](cls_logits, cls_targets).sum()
         else:
             quality = paired_iou(predicted.detach(), matched_boxes).to(cls_targets.dtype)
             cls_targets[foreground, classes[foreground]] = quality
-            classification = quality_focal_loss(cls_logits, cls_targets).sum()
+            classification = CLS_LOSSES["qfl"](cls_logits, cls_targets).sum()
         centerness = centerness_targets(self.box_coder.encode(anchors[foreground], matched_boxes))
         giou = generalized_box_iou_loss(predicted, matched_boxes, reduction="none")
         if self.centerness_weighted_giou:
