@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 import torchvision
 from torch import Tensor, nn
+from torchvision.models.detection import _utils as det_utils
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.models.detection.fcos import FCOS
 from torchvision.models.detection.image_list import ImageList
-from torchvision.ops import FrozenBatchNorm2d
+from torchvision.ops import FrozenBatchNorm2d, boxes as box_ops
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 from .config.backbones import weights_name
@@ -163,12 +164,16 @@ class Detector(FCOS):
     Training returns the loss dict (``classification``, ``bbox_regression``, ``bbox_ctrness``; the head
     also sums it by object scale after ``head.measure_scales()``, :mod:`pipelines.scale_loss`);
     evaluation returns one dict per image with ``boxes`` (xyxy in the resized image), ``scores`` and
-    ``labels`` (contiguous).
+    ``labels`` (contiguous). ``cls_loss`` (``model.cls_loss``): ``focal``, FCOS's loss and scores; ``qfl``, the
+    quality focal loss (:mod:`pipelines.scale_loss`) and scores ``sigmoid(cls)``, without centerness;
+    ``centerness_weighted_giou`` and ``sync_num_pos``: the official FCOS's loss details (:mod:`pipelines.scale_loss`).
     """
 
     def __init__(self, backbone: nn.Module, num_classes: int, *, head_convs: int, precision: str = "fp32",
-                 channels_last: bool = False, **fcos_kwargs):
-        head = ScaleLossHead(backbone.out_channels, 1, num_classes, num_convs=head_convs)
+                 channels_last: bool = False, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
+                 sync_num_pos: bool = False, **fcos_kwargs):
+        head = ScaleLossHead(backbone.out_channels, 1, num_classes, num_convs=head_convs, cls_loss=cls_loss,
+                             centerness_weighted_giou=centerness_weighted_giou, sync_num_pos=sync_num_pos)
         super().__init__(backbone, num_classes, head=head, **fcos_kwargs)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.channels_last = channels_last
@@ -200,12 +205,41 @@ class Detector(FCOS):
         split_anchors = [list(a.split(num_anchors_per_level)) for a in anchors]
         return self.postprocess_detections(split_outputs, split_anchors, image_sizes)
 
+    def postprocess_detections(self, head_outputs: dict[str, list[Tensor]], anchors: list[list[Tensor]],
+                               image_shapes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:
+        """FCOS's (torchvision's, unchanged) with the focal loss; with the quality focal loss the same steps
+        with scores ``sigmoid(cls)``, the centerness unused."""
+        if self.head.cls_loss == "focal":
+            return super().postprocess_detections(head_outputs, anchors, image_shapes)
+        detections = []
+        for index, image_shape in enumerate(image_shapes):
+            image_boxes, image_scores, image_labels = [], [], []
+            for regression, logits, level_anchors in zip(head_outputs["bbox_regression"], head_outputs["cls_logits"],
+                                                          anchors[index]):
+                num_classes = logits.shape[-1]
+                scores = torch.sigmoid(logits[index]).flatten()
+                keep = scores > self.score_thresh
+                scores = scores[keep]
+                topk_idxs = torch.where(keep)[0]
+                scores, idxs = scores.topk(det_utils._topk_min(topk_idxs, self.topk_candidates, 0))
+                topk_idxs = topk_idxs[idxs]
+                anchor_idxs = torch.div(topk_idxs, num_classes, rounding_mode="floor")
+                boxes = self.box_coder.decode(regression[index][anchor_idxs], level_anchors[anchor_idxs])
+                image_boxes.append(box_ops.clip_boxes_to_image(boxes, image_shape))
+                image_scores.append(scores)
+                image_labels.append(topk_idxs % num_classes)
+            boxes, scores, labels = torch.cat(image_boxes), torch.cat(image_scores), torch.cat(image_labels)
+            keep = box_ops.batched_nms(boxes, scores, labels, self.nms_thresh)[: self.detections_per_img]
+            detections.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+        return detections
+
 
 def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = "batchnorm", fpn_channels: int = 128,
                    backbone_weights: str | Path | None = None, trainable_layers: int = 5,
                    head_convs: int = 2, precision: str = "fp32", channels_last: bool = False,
                    score_thresh: float = 0.05, nms_thresh: float = 0.6, detections_per_img: int = 100,
-                   topk_candidates: int = 1000) -> Detector:
+                   topk_candidates: int = 1000, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
+                   sync_num_pos: bool = False) -> Detector:
     """Build a :class:`Detector`: random weights, the ResNet's from ``backbone_weights`` if given
     (see :func:`build_backbone`; without them nothing is downloaded)."""
     return Detector(
@@ -215,6 +249,9 @@ def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = 
         head_convs=head_convs,
         precision=precision,
         channels_last=channels_last,
+        cls_loss=cls_loss,
+        centerness_weighted_giou=centerness_weighted_giou,
+        sync_num_pos=sync_num_pos,
         score_thresh=score_thresh,
         nms_thresh=nms_thresh,
         detections_per_img=detections_per_img,

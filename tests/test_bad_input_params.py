@@ -164,14 +164,14 @@ def test_names_and_numbers_at_their_bounds_pass(tmp_path, base_params, changes):
 
 
 def test_every_name_validation_accepts_is_one_the_code_selects():
-    from pipelines import evaluation, hardware, model, solver
+    from pipelines import evaluation, hardware, model, scale_loss, solver
     from pipelines.config.presets import model_presets
     from pipelines.config.schema import CHOICES
 
     registries = {"model.backbone": model.BACKBONES, "model.norm": model.NORM_LAYERS,
                   "model.precision": hardware.PRECISIONS, "augment.name": build_data.AUGMENTATIONS,
                   "train.optimizer": solver.OPTIMIZERS, "train.lr_schedule": solver.LR_SCHEDULES,
-                  "evaluate.backend": evaluation.BACKENDS}
+                  "evaluate.backend": evaluation.BACKENDS, "model.cls_loss": scale_loss.CLS_LOSSES}
     assert {key: tuple(names) for key, names in registries.items()} == CHOICES
     presets = model_presets()
     assert list(presets) == sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))

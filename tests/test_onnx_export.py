@@ -138,9 +138,12 @@ def test_numpy_postprocessing_on_onnx_outputs_matches_pytorch(trained, runtime):
     assert count >= 100 and rate >= 0.99
 
 
-def test_postprocessing_is_torchvisions_on_the_same_outputs(trained):
+@pytest.mark.parametrize("cls_loss", ["focal", "qfl"])
+def test_postprocessing_is_torchvisions_on_the_same_outputs(trained, cls_loss, monkeypatch):
     """Fed the very same head outputs, the numpy post-processing gives torchvision's detections (scores
-    without ties: torchvision's top-k orders equal scores as its partial sort leaves them)."""
+    without ties: torchvision's top-k orders equal scores as its partial sort leaves them); with ``qfl``, the
+    detector's own scores ``sigmoid(cls)``, which the centerness does not change."""
+    monkeypatch.setattr(trained.head, "cls_loss", cls_loss)
     generator = torch.Generator().manual_seed(4)
     padded, sizes = (256, 352), [(256, 340), (230, 352)]
     grids = [(32, 44), (16, 22), (8, 11), (4, 6), (2, 3)]
@@ -154,7 +157,7 @@ def test_postprocessing_is_torchvisions_on_the_same_outputs(trained):
     anchors = trained.anchor_generator(ImageList(torch.empty(2, 3, *padded), sizes), features)
     split = [list(a.split([h * w for h, w in grids])) for a in anchors]
     thresholds = postprocess.Thresholds(trained.score_thresh, trained.nms_thresh, trained.topk_candidates,
-                                        trained.detections_per_img)
+                                        trained.detections_per_img, cls_loss)
     for level, (grid, stride) in enumerate(zip(grids, postprocess.level_strides(padded, grids))):
         np.testing.assert_array_equal(postprocess.level_anchors(grid, stride, 8 * 2**level), split[0][level].numpy())
     expected = trained.postprocess_detections(flat, split, sizes)
@@ -166,6 +169,15 @@ def test_postprocessing_is_torchvisions_on_the_same_outputs(trained):
         np.testing.assert_array_equal(mine.labels, theirs["labels"].numpy())
         np.testing.assert_allclose(mine.scores, theirs["scores"].numpy(), rtol=0, atol=1e-6)
         np.testing.assert_allclose(mine.boxes, theirs["boxes"].numpy(), rtol=0, atol=1e-4)
+    if cls_loss == "qfl":
+        sigmoid = torch.sigmoid(torch.cat([t.reshape(2, -1) for t in outputs["cls_logits"]], dim=1))
+        for image, theirs in enumerate(expected):  # every score is a class probability as it is
+            assert torch.isin(theirs["scores"], sigmoid[image]).all()
+        outputs["bbox_ctrness"] = [t - 5 for t in outputs["bbox_ctrness"]]
+        again = postprocess.detections(*([t.numpy() for t in outputs[k]] for k in model_card.OUTPUT_KINDS),
+                                       padded_size=padded, image_sizes=sizes, anchor_sizes=[8, 16, 32, 64, 128],
+                                       thresholds=thresholds)
+        assert all(np.array_equal(a.scores, b.scores) and np.array_equal(a.boxes, b.boxes) for a, b in zip(again, found))
 
 
 @pytest.mark.parametrize("count", [300, 1500])  # torchvision's two strategies: coordinate trick, per class
@@ -248,6 +260,24 @@ def test_card_is_in_the_onnx_file_and_beside_it(exported, trained):
     assert card.pixel_mean == pytest.approx([0.485 * 255, 0.456 * 255, 0.406 * 255])
     assert card.opset >= 18 and card.exporter == "torch.onnx.export(dynamo=True)" and card.trained_precision == "fp32"
     assert card.git_commit == "0" * 40 and card.mlflow_run_id is None
+    assert card.cls_loss == "focal"
+
+
+def test_the_card_carries_how_the_model_scores(trained, exported, monkeypatch):
+    """A quality-focal-loss model's card says ``qfl`` (the runtime then scores ``sigmoid(cls)``); a card
+    without the field is an older focal-loss model's; another value is refused in one line."""
+    monkeypatch.setattr(trained.head, "cls_loss", "qfl")
+    card = onnx_export.card_for(trained, categories=CATEGORIES, min_size_test=320, max_size_test=416,
+                                size_divisibility=32, max_image_pixels=10**7, opset=18)
+    assert card.cls_loss == "qfl" and model_card.ModelCard.from_json(card.to_json(), source="x") == card
+    data = json.loads(exported[1].to_json())
+    del data["cls_loss"]
+    assert model_card.ModelCard.from_json(json.dumps(data), source="old").cls_loss == "focal"
+    with pytest.raises(CheckpointError, match="^bad: model card field cls_loss is 'dfl', expected one of focal, qfl$"):
+        model_card.ModelCard.from_json(json.dumps({**data, "cls_loss": "dfl"}), source="bad")
+    from pipelines.config.schema import CLS_LOSSES
+
+    assert model_card.CLS_LOSSES == CLS_LOSSES
 
 
 def test_an_onnx_file_without_the_card_is_refused(exported, tmp_path):

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 from torch.utils.data import BatchSampler
 
-from pipelines.data.samplers import DistributedSampler, GroupedBatchSampler, InferenceSampler, IterationBasedBatchSampler
+from pipelines.data.samplers import (DistributedSampler, GroupedBatchSampler, InferenceSampler, IterationBasedBatchSampler,
+                                     padded_shape_groups)
+from pipelines.data.sizes import resized_size
 
 
 def _train_batches(size=50, groups=None, batch=4, iters=40, start=0, rank=0, world=1, seed=0):
@@ -89,3 +91,48 @@ def test_inference_shards_take_every_image_exactly_once(shuffle):
 
 def test_single_process_test_order_is_not_shuffled():
     assert list(InferenceSampler(7)) == list(range(7))
+
+
+# --- padded-shape grouping (loader.padded_shape_grouping) ------------------------------------------------------
+
+
+def _sizes(count=120, seed=3):
+    """Stored (width, height) pairs as the annotation cache holds them: sides 256..416, both orientations."""
+    return np.random.default_rng(seed).integers(256, 417, size=(count, 2))
+
+
+def _padding(batches, resized, divisor=32):
+    """The fraction of padded pixels in ``batches`` of (index, iteration) pairs, and each batch's padded shape."""
+    image = padded = 0
+    shapes = []
+    for batch in batches:
+        idx = [i for i, _ in batch]
+        shape = tuple(-(-int(resized[idx, k].max()) // divisor) * divisor for k in (0, 1))
+        image += int((resized[idx, 0] * resized[idx, 1]).sum())
+        padded += shape[0] * shape[1] * len(idx)
+        shapes.append(shape)
+    return 1 - image / padded, shapes
+
+
+def test_padded_shape_groups_give_one_shape_per_batch_less_padding_and_resume_on_every_rank():
+    sizes = _sizes()
+    orientation = (sizes[:, 1] >= sizes[:, 0]).astype(np.uint8)
+    groups = padded_shape_groups(sizes, orientation, min_size=256, max_size=320, size_divisibility=32)
+    resized = np.array([resized_size(int(h), int(w), 256, 320) for w, h in sizes])
+    up = -(-resized // 32) * 32
+    assert len(np.unique(groups)) > 2
+    for g in np.unique(groups):  # a group is one padded shape within one orientation
+        assert len({tuple(s) for s in up[groups == g]}) == 1 and len(set(orientation[groups == g])) == 1
+    for rank in range(2):
+        by_shape = _train_batches(size=len(sizes), groups=groups, batch=4, iters=60, rank=rank, world=2)
+        by_orientation = _train_batches(size=len(sizes), groups=orientation, batch=4, iters=60, rank=rank, world=2)
+        shape_padding, shapes = _padding(by_shape, resized)
+        orientation_padding, _ = _padding(by_orientation, resized)
+        assert shape_padding < 0.7 * orientation_padding
+        assert all(len({tuple(up[i]) for i, _ in b}) == 1 for b in by_shape)  # every batch: one padded shape
+        for start in (1, 29, 59):
+            assert _train_batches(size=len(sizes), groups=groups, batch=4, iters=60, start=start, rank=rank,
+                                  world=2) == by_shape[start:]
+    first = [{i for b in _train_batches(size=len(sizes), groups=groups, batch=4, iters=10, rank=r, world=2)
+              for i, _ in b} for r in range(2)]
+    assert not first[0] & first[1]  # the ranks' shards stay disjoint

@@ -27,15 +27,23 @@ def augmentation(p: Params, policy: Policy | None = None, *, ramp: bool = True):
     """The training augmentation as one transform, or ``None``.
 
     With ``policy`` (decoded: :func:`policy`, or a search candidate's): the flip, then Scale-aware
-    AutoAugment with it, ramped up over ``train.max_iter`` iterations or, without ``ramp``, at full strength
-    from the first (the search's fine-tunes). Without, the preset ``p.augment.name``: ``none``: nothing;
+    AutoAugment with it, ramped up over ``train.max_iter`` iterations and off in the tail of ``augment.off_tail``
+    (:func:`tail_start`) or, without ``ramp``, at full strength from the first to the last (the search's fine-tunes). Without, the preset ``p.augment.name``: ``none``: nothing;
     ``flip``: horizontal flip with ``hflip_prob``; ``sa_autoaug``: as with its policy (decoded here: a caller
     that also logs the policy passes the one it decoded); ``trivial``: the flip, then one box-level op of the
-    same set at a uniform level, always (:func:`pipelines.policy.trivial_policy`).
+    same set at a uniform level, always but in the tail (:func:`pipelines.policy.trivial_policy`).
     """
     if policy is not None:
         return _scale_aware(p, policy, ramp=ramp)
     return AUGMENTATIONS[p.augment.name](p)
+
+
+def tail_start(p: Params) -> int | None:
+    """The iteration from which the strong augmentation is off (``augment.off_tail``: the last
+    ``round(off_tail * train.max_iter)`` iterations of the schedule run the resize and flip only), or ``None``
+    without a tail. A function of the params alone, so a resumed run turns it off at the same iteration."""
+    length = round(p.augment.off_tail * p.train.max_iter)
+    return p.train.max_iter - length if length > 0 else None
 
 
 def _flip(p: Params) -> RandomHorizontalFlip:
@@ -46,14 +54,16 @@ def _scale_aware(p: Params, policy: Policy, *, ramp: bool) -> Compose:
     augment = p.augment
     autoaug = ScaleAwareAutoAugment(policy, scale_splits=augment.scale_splits, box_prob=augment.box_prob,
                                     max_iter=p.train.max_iter if ramp else 0, filler_cache_mb=augment.filler_cache_mb,
-                                    filler_pool=augment.filler_pool, filler_pool_iters=augment.filler_pool_iters)
+                                    filler_pool=augment.filler_pool, filler_pool_iters=augment.filler_pool_iters,
+                                    off_from=tail_start(p) if ramp else None)
     return Compose([_flip(p), autoaug])
 
 
 def _trivial(p: Params) -> Compose:
     augment = p.augment  # no ramp (max_iter 0): TrivialAugment applies its op at once, at full strength
     return Compose([_flip(p), ScaleAwareAutoAugment(trivial_policy(), scale_splits=augment.scale_splits,
-                                                    box_prob=augment.box_prob, max_iter=0, filler_cache_mb=0)])
+                                                    box_prob=augment.box_prob, max_iter=0, filler_cache_mb=0,
+                                                    off_from=tail_start(p))])
 
 
 # augment.name: the names config validation accepts are these keys (config.registry).

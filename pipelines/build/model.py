@@ -37,7 +37,9 @@ def detector(p: Params, *, num_classes: int, compute: Compute, pretrained: bool 
                               trainable_layers=model.trainable_layers, head_convs=model.head_convs,
                               precision=compute.precision, channels_last=compute.channels_last,
                               score_thresh=model.score_thresh, nms_thresh=model.nms_thresh,
-                              detections_per_img=model.detections_per_img, topk_candidates=model.topk_candidates)
+                              detections_per_img=model.detections_per_img, topk_candidates=model.topk_candidates,
+                              cls_loss=model.cls_loss, centerness_weighted_giou=model.centerness_weighted_giou,
+                              sync_num_pos=model.sync_num_pos)
     except ConfigError as err:
         raise ConfigError(f"model.backbone_weights: {err}") from None
 

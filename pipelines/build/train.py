@@ -9,6 +9,7 @@ import torch
 
 from ..config.schema import Params
 from ..data.loader import make_train_loader
+from ..data.samplers import padded_shape_groups
 from ..engine import MetricLog, Reporter
 from ..errors import ConfigError
 from ..hardware import Compute
@@ -21,12 +22,24 @@ def last_iteration(p: Params) -> int:
     return max(1, round(p.train.stop_at * p.train.max_iter))
 
 
+def batch_groups(p: Params, dataset):
+    """The group of each training image when ``loader.padded_shape_grouping`` is on: its padded shape at the
+    training resize (the one ``model.min_size_train``, which validation holds to one size), within its
+    orientation (:func:`pipelines.data.samplers.padded_shape_groups`); ``None`` when off (the loader then
+    groups by orientation as ``loader.aspect_grouping`` says)."""
+    if not p.loader.padded_shape_grouping:
+        return None
+    return padded_shape_groups(dataset.cache.sizes, dataset.aspect_groups, min_size=p.model.min_size_train[0],
+                               max_size=p.model.max_size_train, size_divisibility=p.loader.size_divisibility)
+
+
 def train_loader(p: Params, dataset, *, rank: int, world_size: int, device: torch.device, start_iter: int = 0):
     """This rank's loader of :func:`last_iteration` - ``start_iter`` batches of ``train.ims_per_batch / world_size``."""
     return make_train_loader(dataset, batch_size=p.train.ims_per_batch // world_size, max_iter=last_iteration(p),
                              start_iter=start_iter, aspect_grouping=p.loader.aspect_grouping,
                              num_workers=p.loader.num_workers, size_divisibility=p.loader.size_divisibility,
-                             seed=p.seed, rank=rank, world_size=world_size, pin_memory=device.type == "cuda")
+                             seed=p.seed, rank=rank, world_size=world_size, pin_memory=device.type == "cuda",
+                             group_ids=batch_groups(p, dataset))
 
 
 def fine_tune_loader(p: Params, dataset, *, seed: int):
@@ -34,7 +47,7 @@ def fine_tune_loader(p: Params, dataset, *, seed: int):
     process (a candidate's process starts no loader workers of its own), in the order ``seed`` gives."""
     return make_train_loader(dataset, batch_size=p.train.ims_per_batch, max_iter=p.train.max_iter,
                              aspect_grouping=p.loader.aspect_grouping, num_workers=0,
-                             size_divisibility=p.loader.size_divisibility, seed=seed)
+                             size_divisibility=p.loader.size_divisibility, seed=seed, group_ids=batch_groups(p, dataset))
 
 
 def optimizer(p: Params, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -84,12 +84,22 @@ class Model:
     nms_thresh: float = MISSING
     detections_per_img: int = MISSING
     topk_candidates: int = MISSING
+    # focal: FCOS's sigmoid focal loss and centerness, scores sqrt(sigmoid(cls) * sigmoid(centerness)); qfl: GFL's
+    # quality focal loss (targets: the IoU of the predicted box at positives), no centerness, scores sigmoid(cls)
+    cls_loss: str = MISSING
+    # the official FCOS's loss details: GIoU weighted by the centerness target, normalised by its sum; the
+    # positives' count (and that sum) averaged over the processes (all-reduced) rather than this process's
+    centerness_weighted_giou: bool = MISSING
+    sync_num_pos: bool = MISSING
 
 
 @dataclass
 class Augment:
     name: str = MISSING  # none | flip | sa_autoaug | trivial
     hflip_prob: float = MISSING
+    # the last off_tail of train.max_iter's iterations run the resize and flip only (required by sa_autoaug and
+    # trivial; 0: no tail)
+    off_tail: Optional[float] = None
     # Scale-aware AutoAugment (required by name=sa_autoaug; scale_splits and box_prob also by trivial)
     policy: Optional[list[int]] = None  # the flat gene list, 4 + 6 * n_subpolicies + 6 integers 0..9
     n_subpolicies: Optional[int] = None
@@ -106,7 +116,10 @@ class Augment:
 @dataclass
 class Loader:
     num_workers: int = MISSING
-    aspect_grouping: bool = MISSING
+    aspect_grouping: bool = MISSING  # batches of one orientation (landscape or portrait), train and test
+    # training batches of one padded shape at the training resize (within an orientation): less padding;
+    # needs aspect_grouping and one model.min_size_train
+    padded_shape_grouping: bool = MISSING
     size_divisibility: int = MISSING
 
 
@@ -207,11 +220,13 @@ AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial")  # pipelines.build.dat
 OPTIMIZERS = ("sgd", "adamw")  # pipelines.solver.OPTIMIZERS
 LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
 EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS
+CLS_LOSSES = ("focal", "qfl")  # pipelines.scale_loss.CLS_LOSSES
 
 CHOICES = {
     "model.backbone": BACKBONES,
     "model.norm": NORMS,
     "model.precision": PRECISIONS,
+    "model.cls_loss": CLS_LOSSES,
     "augment.name": AUGMENTATIONS,
     "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": LR_SCHEDULES,

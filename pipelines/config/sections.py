@@ -75,12 +75,15 @@ def check_model(model: Model, require: Require) -> None:
 
 def check_augment(augment: Augment, require: Require, source: str) -> None:
     require(0 <= augment.hflip_prob <= 1, "augment.hflip_prob", "a probability in [0, 1]", augment.hflip_prob)
+    # (none and flip have nothing to turn off and ignore it: the search's baseline sets augment.name=flip alone)
+    require(augment.off_tail is None or 0 <= augment.off_tail < 1, "augment.off_tail",
+            "a fraction of train.max_iter in [0, 1)", augment.off_tail)
     if augment.name not in ("sa_autoaug", "trivial"):
         return
     from_file = augment.policy is None and augment.policy_file.endswith(".json")  # read by the train stage
-    needed = ("scale_splits", "box_prob") if augment.name == "trivial" else (
+    needed = ("scale_splits", "box_prob", "off_tail") if augment.name == "trivial" else (
         *(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
-        "filler_pool", "filler_pool_iters")
+        "filler_pool", "filler_pool_iters", "off_tail")
     for key in needed:
         if getattr(augment, key) is None:
             raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name={augment.name})"

@@ -47,6 +47,7 @@ def check_values(p: Params, source: str, world_size: int | None) -> None:
     sections.check_model(p.model, require)
     sections.check_augment(p.augment, require, source)
     sections.check_loader(p.loader, require)
+    _check_grouping(p, require)
     sections.check_train(p.train, require)
     sections.check_evaluate(p.evaluate, require)
     sections.check_tracking(p.tracking, require)
@@ -131,6 +132,19 @@ def _check_numbers(p: Params, require: Require) -> None:
 
 
 # --- across sections -------------------------------------------------------------------------------------------
+
+
+def _check_grouping(p: Params, require: Require) -> None:
+    """Padded-shape grouping refines the orientation groups and needs one training size (with several, each
+    image's size is drawn per iteration, after the batches are made)."""
+    loader = p.loader
+    if not loader.padded_shape_grouping:
+        return
+    require(loader.aspect_grouping, "loader.padded_shape_grouping", "false with loader.aspect_grouping false "
+            "(padded-shape groups refine the orientation groups)", loader.padded_shape_grouping)
+    require(len(p.model.min_size_train) == 1, "loader.padded_shape_grouping", "false with several "
+            f"model.min_size_train ({list(p.model.min_size_train)}: the size is drawn per image and iteration, after "
+            "batching)", loader.padded_shape_grouping)
 
 
 def _check_processes(p: Params, source: str, world_size: int | None) -> None:

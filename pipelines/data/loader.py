@@ -14,7 +14,9 @@ from .collate import BatchCollator
 from .samplers import DistributedSampler, GroupedBatchSampler, InferenceSampler, IterationBasedBatchSampler
 
 
-def _batch_sampler(sampler, dataset, batch_size: int, aspect_grouping: bool):
+def _batch_sampler(sampler, dataset, batch_size: int, aspect_grouping: bool, group_ids=None):
+    if group_ids is not None:
+        return GroupedBatchSampler(sampler, group_ids, batch_size, drop_uneven=False)
     if aspect_grouping:
         return GroupedBatchSampler(sampler, dataset.aspect_groups, batch_size, drop_uneven=False)
     return BatchSampler(sampler, batch_size, drop_last=False)
@@ -39,15 +41,19 @@ def _worker_init(seed: int, rank: int):
 
 def make_train_loader(dataset, *, batch_size: int, max_iter: int, start_iter: int = 0, aspect_grouping: bool = True,
                       num_workers: int = 0, size_divisibility: int = 32, seed: int = 0, rank: int = 0,
-                      world_size: int = 1, pin_memory: bool = False) -> DataLoader:
+                      world_size: int = 1, pin_memory: bool = False, group_ids: np.ndarray | None = None) -> DataLoader:
     """A loader that yields exactly ``max_iter - start_iter`` batches of this rank's share.
+
+    Batches hold images of one group: ``group_ids`` (one per image, e.g.
+    :func:`~.samplers.padded_shape_groups`) where given, else the orientation with ``aspect_grouping``.
 
     ``batch_size`` is this process's part of the global batch (each of the ``world_size`` processes
     loads as many). The sequence of batches is a function of ``seed`` only, and resuming at
     ``start_iter`` continues it.
     """
     sampler = DistributedSampler(len(dataset), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-    batches = IterationBasedBatchSampler(_batch_sampler(sampler, dataset, batch_size, aspect_grouping), max_iter, start_iter)
+    batches = IterationBasedBatchSampler(_batch_sampler(sampler, dataset, batch_size, aspect_grouping, group_ids),
+                                         max_iter, start_iter)
     return DataLoader(
         dataset,
         batch_sampler=batches,

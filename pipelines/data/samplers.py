@@ -1,4 +1,4 @@
-"""Samplers: distributed sharding, aspect-ratio grouping and iteration-based, resumable batching.
+"""Samplers: distributed sharding, aspect-ratio (or padded-shape) grouping and iteration-based, resumable batching.
 
 They reproduce maskrcnn-benchmark's ``make_data_loader`` (the original SA-AutoAug's) behaviour with two fixes:
 every shuffle takes an explicit seed, and :class:`IterationBasedBatchSampler` resumed at
@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
+
+from .sizes import resized_size
 
 
 class DistributedSampler(Sampler[int]):
@@ -71,6 +73,22 @@ class InferenceSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+def padded_shape_groups(sizes: np.ndarray, orientation: np.ndarray, *, min_size: int, max_size: int,
+                        size_divisibility: int) -> np.ndarray:
+    """Group ids (int64, ``N``) of images by the padded shape they get at one training resize: images
+    of stored ``sizes`` (``N x 2``, width and height, as the annotation cache holds them) resized by
+    :func:`~.sizes.resized_size` to ``min_size`` / ``max_size``, their sides rounded up to multiples of
+    ``size_divisibility`` (as :func:`~.collate.pad_images` pads a batch). The groups refine ``orientation``
+    (the cache's aspect groups): two images share a group when they share both. Ids are numbered in
+    increasing (orientation, height, width) order. Only the sizes are read: no image is decoded."""
+    def up(side: int) -> int:
+        return -(-side // size_divisibility) * size_divisibility
+
+    keys = np.array([(int(o), *(up(s) for s in resized_size(int(h), int(w), min_size, max_size)))
+                     for (w, h), o in zip(np.asarray(sizes).reshape(-1, 2), orientation)], dtype=np.int64).reshape(-1, 3)
+    return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 class GroupedBatchSampler(Sampler[list[int]]):

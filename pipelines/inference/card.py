@@ -12,7 +12,9 @@ beside it (:data:`CARD_FILE`, the same JSON, for people and tools that do not op
 * the outputs: per pyramid level ``cls_logits_<l>`` ``[N, h, w, classes]``, ``bbox_regression_<l>``
   ``[N, h, w, 4]`` and ``bbox_ctrness_<l>`` ``[N, h, w, 1]`` and the level's ``anchor_sizes`` entry;
 * the post-processing thresholds (``score_thresh``, ``nms_thresh``, ``topk_candidates``,
-  ``detections_per_img``);
+  ``detections_per_img``) and how the outputs are scored, ``cls_loss`` (the loss the model was trained with,
+  ``model.cls_loss``: ``focal``, ``sqrt(sigmoid(cls) * sigmoid(centerness))``; ``qfl``, ``sigmoid(cls)``; a
+  card without it is ``focal``);
 * how it was made (``exporter``, ``opset``, ``torch_version``; ``trained_precision``, the graph being
   fp32 whatever training used) and, where known, its provenance (``mlflow_run_id``, ``git_commit``,
   ``weights_md5``).
@@ -34,6 +36,7 @@ from ..errors import CheckpointError, first_line
 from ..fileio import atomic_file
 
 FORMAT = 1
+CLS_LOSSES = ("focal", "qfl")  # model.cls_loss (pipelines.config.schema.CLS_LOSSES): how the outputs are scored
 METADATA_KEY = "detector.card"  # the key of the card in the ONNX file's metadata_props
 CARD_FILE = "model.json"  # the card's name beside the ONNX file
 INPUT_NAME = "images"
@@ -73,6 +76,7 @@ class ModelCard:
     git_commit: str | None = None
     weights_md5: str | None = None
     format: int = FORMAT
+    cls_loss: str = "focal"
 
     @property
     def levels(self) -> int:
@@ -136,6 +140,8 @@ class ModelCard:
         if not (isinstance(self.anchor_sizes, list) and self.anchor_sizes
                 and all(isinstance(s, int) and s > 0 for s in self.anchor_sizes)):
             raise bad("anchor_sizes", "a positive integer per pyramid level")
+        if self.cls_loss not in CLS_LOSSES:
+            raise bad("cls_loss", f"one of {', '.join(CLS_LOSSES)}")
         if self.outputs != output_names(self.levels):
             raise bad("outputs", f"{output_names(self.levels)}")
 

@@ -59,7 +59,8 @@ class OnnxBackend:
 
     @property
     def thresholds(self) -> Thresholds:
-        return Thresholds(self.score_thresh, self.nms_thresh, self.card.topk_candidates, self.detections_per_img)
+        return Thresholds(self.score_thresh, self.nms_thresh, self.card.topk_candidates, self.detections_per_img,
+                          self.card.cls_loss)
 
     def eval(self) -> OnnxBackend:
         return self

@@ -85,8 +85,8 @@ def anchor_sizes(detector: Detector) -> list[int]:
 def card_for(detector: Detector, *, categories: list[dict[str, Any]], min_size_test: int, max_size_test: int,
              size_divisibility: int, max_image_pixels: int, opset: int,
              provenance: dict[str, str | None] | None = None) -> ModelCard:
-    """The model card of ``detector`` exported with ``opset``: its thresholds, anchors, normalisation and
-    training precision, the test sizes and ``categories`` given, and ``provenance`` (``mlflow_run_id``,
+    """The model card of ``detector`` exported with ``opset``: its thresholds, scoring (``cls_loss``), anchors,
+    normalisation and training precision, the test sizes and ``categories`` given, and ``provenance`` (``mlflow_run_id``,
     ``git_commit``, ``weights_md5``; each optional)."""
     provenance = dict(provenance or {})
     if unknown := set(provenance) - {"mlflow_run_id", "git_commit", "weights_md5"}:
@@ -106,7 +106,7 @@ def card_for(detector: Detector, *, categories: list[dict[str, Any]], min_size_t
         topk_candidates=int(detector.topk_candidates), detections_per_img=int(detector.detections_per_img),
         exporter=EXPORTER, opset=int(opset), torch_version=torch.__version__.split("+")[0],
         trained_precision=_PRECISIONS.get(detector.autocast_dtype, "fp32"),
-        outputs=output_names(len(sizes)), **provenance,
+        outputs=output_names(len(sizes)), cls_loss=detector.head.cls_loss, **provenance,
     )
 
 

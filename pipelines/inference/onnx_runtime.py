@@ -79,7 +79,8 @@ class OnnxDetector:
     def thresholds(self) -> Thresholds:
         """The post-processing settings of the model card."""
         card = self.card
-        return Thresholds(card.score_thresh, card.nms_thresh, card.topk_candidates, card.detections_per_img)
+        return Thresholds(card.score_thresh, card.nms_thresh, card.topk_candidates, card.detections_per_img,
+                          card.cls_loss)
 
     def network(self, images: np.ndarray) -> dict[str, list[np.ndarray]]:
         """The graph's outputs for a padded ``uint8 [N, 3, H, W]`` batch (H and W multiples of the size
@@ -122,7 +123,7 @@ class OnnxDetector:
         thresholds = self.thresholds
         if score_thresh is not None:
             thresholds = Thresholds(float(score_thresh), thresholds.nms_thresh, thresholds.topk_candidates,
-                                    thresholds.detections_per_img)
+                                    thresholds.detections_per_img, thresholds.cls_loss)
         found = self.detect(batch.images, batch.image_sizes, thresholds=thresholds)
         return [d.scaled(ow / w, oh / h)
                 for d, (h, w), (oh, ow) in zip(found, batch.image_sizes, batch.orig_sizes)]

@@ -6,7 +6,9 @@ per level, scores ``sqrt(sigmoid(cls) * sigmoid(centerness))``, those above ``sc
 best ``topk_candidates``, boxes decoded from the level's anchors (``BoxLinearCoder`` with
 ``normalize_by_size``) and clipped to the image; then over all levels class-wise NMS at
 ``nms_thresh`` (:func:`batched_nms`, as ``torchvision.ops.batched_nms`` computes it, ties included)
-and the best ``detections_per_img``.
+and the best ``detections_per_img``. A model trained with the quality focal loss (``cls_loss`` ``qfl`` in
+:class:`Thresholds`, from the model card) is scored ``sigmoid(cls)``, the centerness unused, as
+:meth:`pipelines.model.Detector.postprocess_detections` scores it.
 
 It computes less than that order suggests, with the same results: only the class logits that could pass
 ``score_thresh`` are scored (a cut on the raw logits first: :func:`_logit_floor`), only the chosen
@@ -47,12 +49,14 @@ _LOGIT_MARGIN = 1e-3
 
 @dataclass(frozen=True)
 class Thresholds:
-    """FCOS's post-processing settings (``model.score_thresh`` etc., or the model card's)."""
+    """FCOS's post-processing settings (``model.score_thresh`` etc., or the model card's); ``cls_loss``, how
+    the model scores (``focal``: with its centerness; ``qfl``: ``sigmoid(cls)``)."""
 
     score_thresh: float
     nms_thresh: float
     topk_candidates: int
     detections_per_img: int
+    cls_loss: str = "focal"
 
 
 @dataclass
@@ -215,24 +219,30 @@ def batched_nms(boxes: np.ndarray, scores: np.ndarray, idxs: np.ndarray, iou_thr
     return _greedy_nms(boxes + offsets[:, None], scores, iou_threshold, None, max_keep)
 
 
-def _logit_floor(score_thresh: float) -> float | None:
+def _logit_floor(score_thresh: float, centerness: bool = True) -> float | None:
     """A class logit at or below which no score passes ``score_thresh`` (None: no such cut): a score is
     ``sqrt(sigmoid(logit) * sigmoid(centerness))`` and ``sigmoid(centerness) <= 1``, so passing needs
-    ``sigmoid(logit) > score_thresh ** 2``; the cut is :data:`_LOGIT_MARGIN` below that logit, far more than
-    float32's rounding of the score can move it, so every logit that could pass is scored exactly."""
-    square = float(score_thresh) ** 2
+    ``sigmoid(logit) > score_thresh ** 2`` (without ``centerness``, a score ``sigmoid(logit)``: ``> score_thresh``);
+    the cut is :data:`_LOGIT_MARGIN` below that logit, far more than float32's rounding of the score can move
+    it, so every logit that could pass is scored exactly."""
+    square = float(score_thresh) ** 2 if centerness else float(score_thresh)
     if not 0 < square < 1:
         return None
     return math.log(square) - math.log1p(-square) - _LOGIT_MARGIN
 
 
-def _scored(logits: np.ndarray, ctrness: np.ndarray, num_classes: int,
+def _scored(logits: np.ndarray, ctrness: np.ndarray | None, num_classes: int,
             floor: float | None) -> tuple[np.ndarray | None, np.ndarray]:
     """The scores of one image's level (flat ``logits`` ``[locations * classes]``, ``ctrness``
-    ``[locations]``) where the logit is above ``floor`` (:func:`_logit_floor`; everywhere if None), and where
-    they are in ``logits``; None for everywhere (where most logits are above the floor, all are scored:
-    picking them out would cost more than it saves)."""
+    ``[locations]``, or None for scores ``sigmoid(logits)``) where the logit is above ``floor``
+    (:func:`_logit_floor`; everywhere if None), and where they are in ``logits``; None for everywhere (where
+    most logits are above the floor, all are scored: picking them out would cost more than it saves)."""
     above = None if floor is None else logits > floor
+    if ctrness is None:
+        if above is None or 4 * np.count_nonzero(above) > len(logits):
+            return None, _sigmoid(logits)
+        candidates = np.flatnonzero(above)
+        return candidates, _sigmoid(logits[candidates])
     if above is None or 4 * np.count_nonzero(above) > len(logits):
         return None, np.sqrt(_sigmoid(logits).reshape(-1, num_classes) * _sigmoid(ctrness)[:, None]).reshape(-1)
     candidates = np.flatnonzero(above)
@@ -274,7 +284,8 @@ def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.nd
                          f"{len(bbox_ctrness)}")
     grids = [tuple(c.shape[1:3]) for c in cls_logits]
     strides = level_strides(padded_size, grids)
-    floor = _logit_floor(thresholds.score_thresh)
+    centerness = thresholds.cls_loss != "qfl"
+    floor = _logit_floor(thresholds.score_thresh, centerness)
     results = []
     for index, image_size in enumerate(image_sizes):
         all_codes, all_anchors, all_scores, all_labels = [], [], [], []
@@ -282,7 +293,7 @@ def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.nd
                                                                    grids, strides, anchor_sizes):
             num_classes = logits.shape[-1]
             logits = np.asarray(logits[index], dtype=np.float32).reshape(-1)
-            ctrness = np.asarray(ctrness[index], dtype=np.float32).reshape(-1)
+            ctrness = np.asarray(ctrness[index], dtype=np.float32).reshape(-1) if centerness else None
             candidates, scores = _scored(logits, ctrness, num_classes, floor)
             passed = np.flatnonzero(scores > thresholds.score_thresh)
             best = passed[top_order(scores[passed], thresholds.topk_candidates)]

@@ -73,6 +73,8 @@ class ScaleAwareAutoAugment:
         filler_cache_mb: bound of the per-process cache of zoom_out filler images (0: no cache).
         filler_pool: how many of the split's samples zoom_out draws its fillers from (0: all of them).
         filler_pool_iters: iterations after which the filler pool changes.
+        off_from: the iteration from which the transform does nothing (the strong-augmentation-off tail of
+            ``augment.off_tail``); ``None``: never off.
 
     Call with ``(image uint8 [3, H, W], target, ctx)`` after resize and flip, before normalisation;
     returns a new ``(image, target)`` of the same size (the inputs are never modified in place).
@@ -80,7 +82,8 @@ class ScaleAwareAutoAugment:
     """
 
     def __init__(self, policy: Policy, *, scale_splits: Sequence[int] = (2048, 10240, 51200), box_prob: float = 0.3,
-                 max_iter: int, filler_cache_mb: float = 64.0, filler_pool: int = 0, filler_pool_iters: int = 1):
+                 max_iter: int, filler_cache_mb: float = 64.0, filler_pool: int = 0, filler_pool_iters: int = 1,
+                 off_from: int | None = None):
         self.policy = policy
         self.scale_splits = tuple(scale_splits)
         self.box_prob = float(box_prob)
@@ -88,6 +91,7 @@ class ScaleAwareAutoAugment:
         self.filler_cache_mb = float(filler_cache_mb)
         self.filler_pool = int(filler_pool)
         self.filler_pool_iters = int(filler_pool_iters)
+        self.off_from = None if off_from is None else int(off_from)
         self._fillers = SampleCache(int(self.filler_cache_mb * 2**20))
 
     def ramp(self, iteration: int) -> float:
@@ -96,6 +100,8 @@ class ScaleAwareAutoAugment:
         return min(max(iteration, 0) / self.max_iter, 1.0) if self.max_iter > 0 else 1.0
 
     def __call__(self, image: torch.Tensor, target: dict, ctx: SampleContext) -> tuple[torch.Tensor, dict]:
+        if self.off_from is not None and ctx.iteration >= self.off_from:
+            return image, target  # the tail: the resize and flip before it only (a function of the iteration)
         rng = ctx.rng
         image, target = self._zoom(image, target, ctx)
         sub = self.policy.subpolicies[int(rng.integers(len(self.policy.subpolicies)))]
@@ -136,4 +142,5 @@ class ScaleAwareAutoAugment:
         policy = str(self.policy).replace("\n", "\n    ")
         return (f"ScaleAwareAutoAugment(scale_splits={list(self.scale_splits)}, box_prob={self.box_prob}, "
                 f"max_iter={self.max_iter}, filler_cache_mb={self.filler_cache_mb}, "
-                f"filler_pool={self.filler_pool}, filler_pool_iters={self.filler_pool_iters},\n    {policy})")
+                f"filler_pool={self.filler_pool}, filler_pool_iters={self.filler_pool_iters}"
+                f"{'' if self.off_from is None else f', off_from={self.off_from}'},\n    {policy})")
