@@ -47,13 +47,16 @@ def iou_figure_name(threshold: float) -> str:
 
 @dataclass(frozen=True)
 class Matches:
-    """One model's per-image matches on one set of images (see the module's docstring).
+    """One model's per-image matches on one set of images (see the module's docstring), as index arrays.
 
-    Detections of all (category, area range) groups are concatenated, group ``g = k * 4 + a`` (category
-    index ``k`` in sorted category id order, area range ``a`` of :data:`AREAS`) at
+    The detections of all (category, area range) groups are concatenated, group ``g = k * 4 + a``
+    (category index ``k`` in sorted category id order, area range ``a`` of :data:`AREAS`) at
     ``starts[g]:starts[g + 1]``, each group sorted as ``COCOeval.accumulate`` sorts it. Detections that
     change no figure for any weights are left out: those ignored at every IoU threshold, and those after
-    the group's last true positive (at any threshold)."""
+    the group's last true positive (at any threshold). A figure needs the precision and recall at the
+    true positives only (see :func:`precision`); at each, the weighted counts down its group are
+    differences of cumulative sums over three lists: every detection, the true positives (per
+    threshold) and the ignored detections (per threshold)."""
 
     image_ids: np.ndarray  # [I] the evaluated image ids, ascending (COCOeval's order)
     category_ids: np.ndarray  # [K]
@@ -61,10 +64,15 @@ class Matches:
     recall_thresholds: np.ndarray  # [R]
     starts: np.ndarray  # [K * A + 1] where each group's detections start
     image: np.ndarray  # [N] each detection's image index (into image_ids)
-    group: np.ndarray  # [N] each detection's group
-    true_positive: np.ndarray  # [T, N] matched and not ignored
-    false_positive: np.ndarray  # [T, N] unmatched and not ignored
     ground_truth: np.ndarray  # [K * A, I] boxes that are not ignored, per group and image
+    # the true positives, threshold by threshold, each in detection order: [P] each
+    positive_image: np.ndarray  # its image index
+    positive_segment: np.ndarray  # threshold * groups + group (ascending)
+    positive_group: np.ndarray  # its group
+    positive_first: np.ndarray  # the index (in this list) of the first true positive of its threshold and group
+    seen: np.ndarray  # [2, P] detections of its group up to it: indices into the cumulative sum over all
+    ignored_image: np.ndarray  # [Q] image index of each detection ignored at a threshold (threshold by threshold)
+    ignored: np.ndarray  # [2, P] ignored detections of its threshold and group before it: indices likewise
 
     @property
     def images(self) -> int:
@@ -119,18 +127,35 @@ def extract_matches(evaluator) -> Matches:
         else:
             starts.append(starts[-1])
     starts_a = np.asarray(starts, dtype=np.int64)
-    empty_bool = np.zeros((thresholds, 0), dtype=bool)
+    groups = categories * areas
+    image_all = np.concatenate(image_parts) if image_parts else np.zeros(0, dtype=np.int64)
+    empty = np.zeros((thresholds, 0), dtype=bool)
+    tp = np.concatenate(tp_parts, axis=1) if tp_parts else empty
+    neutral = ~(tp | np.concatenate(fp_parts, axis=1)) if fp_parts else empty
+    n = len(image_all)
+    group = np.repeat(np.arange(groups), np.diff(starts_a))
+    threshold, position = np.nonzero(tp)  # threshold by threshold, in detection order (so group by group)
+    positive_group = group[position]
+    segment = threshold * groups + positive_group
+    group_start = starts_a[positive_group]
+    ignored_threshold, ignored_position = np.nonzero(neutral)
+    ignored_key = ignored_threshold * n + ignored_position  # ascending
     return Matches(
         image_ids=np.asarray(p.imgIds, dtype=np.int64),
         category_ids=np.asarray(p.catIds, dtype=np.int64),
         iou_thresholds=np.asarray(p.iouThrs, dtype=np.float64),
         recall_thresholds=np.asarray(p.recThrs, dtype=np.float64),
         starts=starts_a,
-        image=np.concatenate(image_parts) if image_parts else np.zeros(0, dtype=np.int64),
-        group=np.repeat(np.arange(categories * areas), np.diff(starts_a)).astype(np.int64),
-        true_positive=np.concatenate(tp_parts, axis=1) if tp_parts else empty_bool,
-        false_positive=np.concatenate(fp_parts, axis=1) if fp_parts else empty_bool.copy(),
+        image=image_all,
         ground_truth=ground_truth,
+        positive_image=image_all[position],
+        positive_segment=segment,
+        positive_group=positive_group,
+        positive_first=np.searchsorted(segment, segment, side="left"),
+        seen=np.stack([group_start, position + 1]),
+        ignored_image=image_all[ignored_position],
+        ignored=np.stack([np.searchsorted(ignored_key, threshold * n + group_start),
+                          np.searchsorted(ignored_key, threshold * n + position)]),
     )
 
 
@@ -143,51 +168,58 @@ def precision(matches: Matches, weights: np.ndarray | None = None) -> np.ndarray
     groups = len(m.starts) - 1
     w = np.ones(m.images, dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
     npig = m.ground_truth @ w  # [groups]
-    per_detection = w[m.image]
-    # Weighted true and false positives counted down each group, as accumulate counts them.
-    tp = _group_cumsum(m.true_positive * per_detection, m.starts, m.group)
-    fp = _group_cumsum(m.false_positive * per_detection, m.starts, m.group)
-    rc = tp / np.maximum(npig, 1)[m.group]  # a group with npig 0 is set to -1 below
+    wf = w.astype(np.float64)  # counts as floats, as accumulate has them: whole-number sums, exact
+
+    def cumulative(images: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(wf[images])])
+
+    every, positive, ignored = cumulative(m.image), cumulative(m.positive_image), cumulative(m.ignored_image)
+    # At each true positive, the weighted counts down its group (up to it, itself included) at its
+    # threshold, as accumulate's cumulative sums have them there.
+    tp = positive[1:] - positive[m.positive_first]
+    fp = (every[m.seen[1]] - every[m.seen[0]]) - (ignored[m.ignored[1]] - ignored[m.ignored[0]]) - tp
+    rc = tp / np.maximum(npig, 1)[m.positive_group]  # a group with npig 0 is set to -1 below
     pr = tp / (fp + tp + np.spacing(1))
     # accumulate takes, at recall threshold r, the precision envelope (the maximum of the precision from
     # there on) at the first detection whose recall reaches r: that is the largest precision among the
-    # detections whose recall reaches r. A detection whose recall reaches the thresholds below
-    # ``reached`` enters those thresholds' maxima (0 where no detection reaches a threshold). A detection
-    # after its group's last true positive has that positive's recall and no higher precision, and an
-    # ignored one repeats the detection before it: leaving them out (extract_matches) changes no maximum.
-    reached = np.searchsorted(m.recall_thresholds, rc, side="right")  # [T, N], in 0..R
-    bins = np.zeros((t_count, groups, r_count + 1))
-    key = (np.arange(t_count)[:, None] * groups + m.group[None, :]) * (r_count + 1) + reached
-    np.maximum.at(bins.reshape(-1), key.reshape(-1), pr.reshape(-1))
-    q = np.maximum.accumulate(bins[:, :, :0:-1], axis=2)[:, :, ::-1]  # [T, groups, R]: max over reached > r
-    q[:, npig == 0, :] = -1
+    # detections whose recall reaches r, or 0 where none does. That maximum is at a true positive: a
+    # detection that is not one has the recall of the last true positive before it (which reaches r
+    # too) and no higher precision, or no true positive before it and precision 0. So are the
+    # detections extract_matches leaves out. A true positive enters the maxima of the thresholds below
+    # ``reached``: the largest precision per (threshold, group, reached), then the maximum over reached > r.
+    reached = np.searchsorted(m.recall_thresholds, rc, side="right")  # in 0..R
+    bins = np.zeros((r_count + 1, t_count * groups))
+    key = m.positive_segment * (r_count + 1) + reached  # ascending: recall grows down each group
+    if key.size:
+        first = np.flatnonzero(np.diff(key, prepend=-1))  # where each run of one key starts
+        bins[reached[first], m.positive_segment[first]] = np.maximum.reduceat(pr, first)
+    for r in range(r_count - 1, -1, -1):  # row by row: numpy's accumulate along axis 0 goes column by column
+        np.maximum(bins[r], bins[r + 1], out=bins[r])
+    q = bins[1:].reshape(r_count, t_count, groups)  # q[r]: the maximum over reached > r
+    q[:, :, npig == 0] = -1
     areas = len(AREAS)
-    return q.reshape(t_count, groups // areas, areas, r_count).transpose(0, 3, 1, 2)
-
-
-def _group_cumsum(values: np.ndarray, starts: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Cumulative sums along axis 1 of integer ``values`` ``[T, N]``, restarting at each group's start, as
-    floats (exact: integers far below 2**53, as accumulate's ``cumsum(...).astype(float)`` has them)."""
-    total = np.cumsum(values, axis=1, dtype=np.float64)
-    if total.shape[1] == 0:
-        return total
-    before = np.concatenate([np.zeros((total.shape[0], 1)), total], axis=1)[:, starts[:-1]]  # [T, groups]
-    return total - before[:, group]
+    return q.reshape(r_count, t_count, groups // areas, areas).transpose(1, 0, 2, 3)
 
 
 def summary(precision_array: np.ndarray, iou_thresholds: np.ndarray) -> np.ndarray:
     """The figures of :data:`FIGURES` from a precision array ``[T, R, K, A]``, as ``COCOeval.summarize``
-    computes its first six stats (the mean over the entries that are not -1); NaN where every entry is
-    -1 (``COCOeval``'s -1)."""
-    out = np.empty(len(FIGURES))
-    t50 = np.where(iou_thresholds == 0.5)[0]
-    t75 = np.where(iou_thresholds == 0.75)[0]
-    selections = [precision_array[:, :, :, 0], precision_array[t50][:, :, :, 0], precision_array[t75][:, :, :, 0],
-                  precision_array[:, :, :, 1], precision_array[:, :, :, 2], precision_array[:, :, :, 3]]
-    selections += [precision_array[t, :, :, 0] for t in range(len(iou_thresholds))]
-    for j, s in enumerate(selections):
-        valid = s[s > -1]
-        out[j] = np.mean(valid) if len(valid) else np.nan
+    computes its first six stats (the mean over the entries that are not -1, in the same order); NaN
+    where every entry is -1 (``COCOeval``'s -1)."""
+    out = np.full(len(FIGURES), np.nan)
+    t50, t75 = (np.flatnonzero(iou_thresholds == t) for t in (0.5, 0.75))
+    for a in range(len(AREAS)):
+        # a category's entries are all -1 (no ground truth here) or all >= 0: the entries that are not -1
+        # are those of the categories with ground truth, in summarize's order (threshold, recall, category)
+        counted = precision_array[0, 0, :, a] > -1
+        if not counted.any():
+            continue
+        s = np.ascontiguousarray(precision_array[:, :, counted, a])  # [T, R, categories counted]
+        if a:
+            out[SUMMARY_FIGURES.index(("APs", "APm", "APl")[a - 1])] = s.ravel().mean()
+            continue
+        out[0], out[1], out[2] = s.ravel().mean(), s[t50].ravel().mean(), s[t75].ravel().mean()
+        for t in range(len(iou_thresholds)):
+            out[len(SUMMARY_FIGURES) + t] = s[t].ravel().mean()
     return out
 
 
