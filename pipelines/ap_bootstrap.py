@@ -94,44 +94,14 @@ def extract_matches(evaluator) -> Matches:
     thresholds = len(p.iouThrs)
     if len(evaluator.evalImgs) != images * categories * areas:
         raise ValueError("extract_matches: evaluate() has not run with the evaluator's current parameters")
-    starts, image_parts, tp_parts, fp_parts = [0], [], [], []
-    ground_truth = np.zeros((categories * areas, images), dtype=np.int64)
-    for g in range(categories * areas):
-        entries = evaluator.evalImgs[g * images:(g + 1) * images]  # [k][a][i], as evaluate() lists them
-        scores, image, matched, ignored = [], [], [], []
-        for i, e in enumerate(entries):
-            if e is None:
-                continue
-            ground_truth[g, i] = np.count_nonzero(np.asarray(e["gtIgnore"]) == 0)
-            n = len(e["dtScores"][:100])
-            scores.append(np.asarray(e["dtScores"][:100], dtype=np.float64))
-            image.append(np.full(n, i, dtype=np.int64))
-            matched.append(np.asarray(e["dtMatches"])[:, :100].reshape(thresholds, n))
-            ignored.append(np.asarray(e["dtIgnore"])[:, :100].reshape(thresholds, n))
-        if scores:
-            order = np.argsort(-np.concatenate(scores), kind="mergesort")  # accumulate's sort
-            image_g = np.concatenate(image)[order]
-            matched_g = np.concatenate(matched, axis=1)[:, order]
-            ignored_g = np.concatenate(ignored, axis=1)[:, order].astype(bool)
-            tp = np.logical_and(matched_g, ~ignored_g)
-            fp = np.logical_and(np.logical_not(matched_g), ~ignored_g)
-            # Ignored detections and those after the group's last true positive change no figure: their
-            # recall is that of an earlier detection, their precision no higher (see precision()).
-            keep = (tp | fp).any(axis=0)
-            positive = np.flatnonzero(tp.any(axis=0))
-            keep[positive[-1] + 1 if len(positive) else 0:] = False
-            image_parts.append(image_g[keep])
-            tp_parts.append(tp[:, keep])
-            fp_parts.append(fp[:, keep])
-            starts.append(starts[-1] + int(keep.sum()))
-        else:
-            starts.append(starts[-1])
-    starts_a = np.asarray(starts, dtype=np.int64)
     groups = categories * areas
-    image_all = np.concatenate(image_parts) if image_parts else np.zeros(0, dtype=np.int64)
-    empty = np.zeros((thresholds, 0), dtype=bool)
-    tp = np.concatenate(tp_parts, axis=1) if tp_parts else empty
-    neutral = ~(tp | np.concatenate(fp_parts, axis=1)) if fp_parts else empty
+    ground_truth = np.zeros((groups, images), dtype=np.int64)
+    parts = [_group(evaluator.evalImgs[g * images:(g + 1) * images], thresholds, ground_truth[g])
+             for g in range(groups)]  # evalImgs: [k][a][i], as evaluate() lists them
+    starts_a = np.concatenate([[0], np.cumsum([len(image) for image, _, _ in parts])]).astype(np.int64)
+    image_all = np.concatenate([image for image, _, _ in parts])
+    tp = np.concatenate([tp for _, tp, _ in parts], axis=1)
+    neutral = ~(tp | np.concatenate([fp for _, _, fp in parts], axis=1))
     n = len(image_all)
     group = np.repeat(np.arange(groups), np.diff(starts_a))
     threshold, position = np.nonzero(tp)  # threshold by threshold, in detection order (so group by group)
@@ -157,6 +127,34 @@ def extract_matches(evaluator) -> Matches:
         ignored=np.stack([np.searchsorted(ignored_key, threshold * n + group_start),
                           np.searchsorted(ignored_key, threshold * n + position)]),
     )
+
+
+def _group(entries: list, thresholds: int, ground_truth: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One (category, area range)'s detections from its ``evalImgs`` entries (one per image, None where
+    the image has neither ground truth nor detections) in accumulate's order, less those that change no
+    figure: ``(image index [D], true positive [T, D], false positive [T, D])``. Fills ``ground_truth``
+    (per image) with the count of boxes that are not ignored."""
+    scores, image, matched, ignored = [np.zeros(0)], [np.zeros(0, dtype=np.int64)], [], []
+    for i, e in enumerate(entries):
+        if e is None:
+            continue
+        ground_truth[i] = np.count_nonzero(np.asarray(e["gtIgnore"]) == 0)
+        n = len(e["dtScores"][:100])
+        scores.append(np.asarray(e["dtScores"][:100], dtype=np.float64))
+        image.append(np.full(n, i, dtype=np.int64))
+        matched.append(np.asarray(e["dtMatches"])[:, :100].reshape(thresholds, n))
+        ignored.append(np.asarray(e["dtIgnore"])[:, :100].reshape(thresholds, n))
+    order = np.argsort(-np.concatenate(scores), kind="mergesort")  # accumulate's sort
+    matched_g = np.concatenate([np.zeros((thresholds, 0)), *matched], axis=1)[:, order]
+    ignored_g = np.concatenate([np.zeros((thresholds, 0)), *ignored], axis=1)[:, order].astype(bool)
+    tp = np.logical_and(matched_g, ~ignored_g)
+    fp = np.logical_and(np.logical_not(matched_g), ~ignored_g)
+    # Ignored detections and those after the group's last true positive change no figure: their recall
+    # is that of an earlier detection, their precision no higher (see precision()).
+    keep = (tp | fp).any(axis=0)
+    positive = np.flatnonzero(tp.any(axis=0))
+    keep[positive[-1] + 1 if len(positive) else 0:] = False
+    return np.concatenate(image)[order][keep], tp[:, keep], fp[:, keep]
 
 
 def precision(matches: Matches, weights: np.ndarray | None = None) -> np.ndarray:
