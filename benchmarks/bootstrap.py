@@ -4,7 +4,8 @@ For a ground truth and detections (the evaluate stage's ``data/prepared/val.json
 ``outputs/eval/detections.json``), times :func:`pipelines.evaluation.coco_evaluate` as the stage calls it
 with each backend, without and with the bootstrap, and splits the bootstrap's time into its parts:
 pycocotools' ``evaluate()`` (run for the per-image matches when the backend is faster-coco-eval), reading
-the matches, and the resamples. Times are medians over ``--repeats`` in this one process. Usage::
+the matches, and the resamples. Times are medians over ``--repeats`` in this one process, of the wall
+clock and of this process's CPU time (steadier than the wall clock on a busy machine). Usage::
 
     python -m benchmarks.bootstrap --gt data/prepared/val.json --detections outputs/eval/detections.json
         [--resamples 1000] [--repeats 3] [--json]
@@ -29,10 +30,11 @@ from pipelines import ap_bootstrap
 from pipelines.evaluation import BACKENDS, coco_evaluate
 
 
-def _timed(function) -> tuple[float, object]:
-    start = time.perf_counter()
+def _timed(function) -> tuple[tuple[float, float], object]:
+    """((wall seconds, CPU seconds), result) of ``function()``."""
+    start, cpu = time.perf_counter(), time.process_time()
     result = function()
-    return time.perf_counter() - start, result
+    return (time.perf_counter() - start, time.process_time() - cpu), result
 
 
 def _pycocotools_evaluate(gt: Path, detections: list[dict]) -> COCOeval:
@@ -44,10 +46,11 @@ def _pycocotools_evaluate(gt: Path, detections: list[dict]) -> COCOeval:
 
 
 def measure(gt: Path, detections: list[dict], *, resamples: int, repeats: int, seed: int = 0) -> dict:
-    """Median seconds per backend (``plain``, ``bootstrap``, ``added``) and of the bootstrap's parts."""
-    times: dict[str, list[float]] = {}
+    """Median (wall, CPU) seconds per backend (``plain``, ``bootstrap``, ``added``) and of the bootstrap's
+    parts."""
+    times: dict[str, list[tuple[float, float]]] = {}
 
-    def add(name: str, seconds: float) -> None:
+    def add(name: str, seconds: tuple[float, float]) -> None:
         times.setdefault(name, []).append(seconds)
 
     for _ in range(repeats):
@@ -60,9 +63,9 @@ def measure(gt: Path, detections: list[dict], *, resamples: int, repeats: int, s
         seconds, matches = _timed(lambda: ap_bootstrap.extract_matches(evaluator))
         add("parts/extract_matches", seconds)
         add("parts/resamples", _timed(lambda: ap_bootstrap.bootstrap(matches, resamples, seed))[0])
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    medians = {name: [statistics.median(v[i] for v in values) for i in (0, 1)] for name, values in times.items()}
     for backend in BACKENDS:
-        medians[f"{backend}/added"] = medians[f"{backend}/bootstrap"] - medians[f"{backend}/plain"]
+        medians[f"{backend}/added"] = [b - p for b, p in zip(medians[f"{backend}/bootstrap"], medians[f"{backend}/plain"])]
     images = len(json.loads(gt.read_text())["images"])
     return {"images": images, "detections": len(detections), "resamples": resamples, "repeats": repeats,
             "detections_kept": int(matches.image.size), "seconds": medians}
@@ -83,9 +86,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result, indent=1))
         return
     print(f"{result['images']} images, {result['detections']} detections ({result['detections_kept']} kept in the "
-          f"matches), {result['resamples']} resamples, median of {result['repeats']}:")
-    for name, seconds in result["seconds"].items():
-        print(f"  {name:32s} {seconds:7.3f} s")
+          f"matches), {result['resamples']} resamples, median of {result['repeats']}; wall and CPU seconds:")
+    for name, (wall, cpu) in result["seconds"].items():
+        print(f"  {name:32s} {wall:7.3f} s {cpu:7.3f} s")
 
 
 if __name__ == "__main__":
