@@ -65,7 +65,8 @@ def measure(gt: Path, detections: list[dict], *, resamples: int, repeats: int, s
         add("parts/resamples", _timed(lambda: ap_bootstrap.bootstrap(matches, resamples, seed))[0])
     medians = {name: [statistics.median(v[i] for v in values) for i in (0, 1)] for name, values in times.items()}
     for backend in BACKENDS:
-        medians[f"{backend}/added"] = [b - p for b, p in zip(medians[f"{backend}/bootstrap"], medians[f"{backend}/plain"])]
+        with_bootstrap, plain = medians[f"{backend}/bootstrap"], medians[f"{backend}/plain"]
+        medians[f"{backend}/added"] = [b - p for b, p in zip(with_bootstrap, plain)]
     images = len(json.loads(gt.read_text())["images"])
     return {"images": images, "detections": len(detections), "resamples": resamples, "repeats": repeats,
             "detections_kept": int(matches.image.size), "seconds": medians}
