@@ -255,8 +255,8 @@ def resampled_figures(models: Sequence[Matches], resamples: int, seed: int, *,
 
 
 def intervals(point: np.ndarray, resampled: np.ndarray, level: float = 0.95) -> dict[str, tuple | None]:
-    """Percentile intervals ``{figure: (low, high)}`` of one model's figures from its resampled figures
-    ``[resamples, len(FIGURES)]``; None where the figure (``point``, with every weight 1) is undefined.
+    """Percentile intervals ``{figure: (low, high)}`` (numpy's ``quantile``, linear interpolation) of one
+    model's figures from its resampled figures ``[resamples, len(FIGURES)]``; None where the figure (``point``, with every weight 1) is undefined.
     Resamples where a defined figure is undefined (its ground truth not drawn) are left out."""
     if not 0 < level < 1:
         raise ValueError(f"level: expected a value in (0, 1), got {level}")
