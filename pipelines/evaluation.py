@@ -1,4 +1,5 @@
-"""Inference over a test loader and COCO box evaluation with pycocotools or faster-coco-eval."""
+"""Inference over a test loader and COCO box evaluation with pycocotools or faster-coco-eval, with AP's
+bootstrap intervals (:mod:`pipelines.ap_bootstrap`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torchvision.ops import batched_nms
 from torchvision.transforms.v2 import functional as F
 from tqdm import tqdm
 
+from . import ap_bootstrap
 from .data.collate import pad_images
 from .data.sizes import resized_size
 from .data.transforms import TestTimeAugmentation
@@ -102,15 +104,29 @@ class CocoMetrics:
 
     ``per_category`` maps the name of every category that has ground truth (at least one box that is
     not a crowd region) to its AP, in category id order, whether or not there are detections;
-    categories without ground truth have no AP and are left out."""
+    categories without ground truth have no AP and are left out. ``per_iou`` holds the AP at each IoU
+    threshold (``AP_iou50`` ... ``AP_iou95``, area all, 100 detections; their mean is AP).
+    ``intervals`` holds, after a bootstrap of ``resamples`` image resamples, the percentile interval
+    ``(low, high)`` of each of :data:`ap_bootstrap.SUMMARY_FIGURES` (None where the figure is None)."""
 
     stats: dict[str, float | None]
     per_category: dict[str, float] = field(default_factory=dict)
     pr_curve: list[dict[str, float]] = field(default_factory=list)
     summary: str = ""
+    per_iou: dict[str, float | None] = field(default_factory=dict)
+    intervals: dict[str, tuple[float, float] | None] = field(default_factory=dict)
+    resamples: int = 0
+
+    def figures(self) -> dict[str, float | None]:
+        """The evaluate stage's ``metrics/eval.json``: the 12 stats, each interval as ``<figure>_low`` and
+        ``<figure>_high`` (none without a bootstrap), then the AP at each IoU threshold."""
+        bounds = {f"{name}_{side}": None if interval is None else interval[i]
+                  for name, interval in self.intervals.items() for i, side in enumerate(("low", "high"))}
+        return {**self.stats, **bounds, **self.per_iou}
 
 
-def coco_evaluate(gt: str | os.PathLike, detections: list[dict], *, backend: str) -> CocoMetrics:
+def coco_evaluate(gt: str | os.PathLike, detections: list[dict], *, backend: str, bootstrap: int = 0,
+                  seed: int = 0, progress: bool = False) -> CocoMetrics:
     """Evaluate COCO-format box detections against the ground truth JSON at ``gt``.
 
     ``backend`` is one of :data:`BACKENDS`: ``pycocotools`` (the reference ``COCOeval``) or
@@ -122,6 +138,11 @@ def coco_evaluate(gt: str | os.PathLike, detections: list[dict], *, backend: str
     AP covers exactly the categories with ground truth (see :class:`CocoMetrics`). Like both
     libraries' ``loadRes``, this adds ``id``, ``area``, ``iscrowd`` and ``segmentation`` to each
     detection dict.
+
+    With ``bootstrap`` > 0, AP to APl get their 95% percentile intervals over ``bootstrap`` image resamples
+    drawn from ``seed`` (:func:`ap_bootstrap.bootstrap`), from pycocotools' per-image matches whichever
+    the backend (faster-coco-eval does not expose them: pycocotools' ``evaluate()`` runs too, on copies
+    of the detections); ``progress`` shows its bar.
     """
     coco_class, evaluator_class = _backend(backend)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -130,7 +151,12 @@ def coco_evaluate(gt: str | os.PathLike, detections: list[dict], *, backend: str
         with_gt = {a["category_id"] for a in coco_gt.dataset.get("annotations", []) if not a.get("iscrowd")}
         return CocoMetrics(stats={name: 0.0 for name in STAT_NAMES},
                            per_category={coco_gt.cats[c]["name"]: 0.0 for c in sorted(coco_gt.getCatIds())
-                                         if c in with_gt})
+                                         if c in with_gt},
+                           per_iou={name: 0.0 for name in ap_bootstrap.IOU_FIGURES},
+                           intervals={name: (0.0, 0.0) for name in ap_bootstrap.SUMMARY_FIGURES} if bootstrap else {},
+                           resamples=bootstrap)
+    # pycocotools' own copies, taken before the backend's loadRes adds its keys to the detections
+    copies = [dict(d) for d in detections] if bootstrap and backend != "pycocotools" else None
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         coco_dt = coco_gt.loadRes(detections)
@@ -162,7 +188,29 @@ def coco_evaluate(gt: str | os.PathLike, detections: list[dict], *, backend: str
         curve.append(row)
     # faster-coco-eval prints two more recall lines (IoU 0.50 and 0.75) after the 12 figures.
     summary = "\n".join([line for line in printed.getvalue().splitlines() if line.startswith(" Average")][:len(STAT_NAMES)])
-    return CocoMetrics(stats=stats, per_category=per_category, pr_curve=curve, summary=summary)
+    per_iou = {ap_bootstrap.iou_figure_name(t): _mean_valid(precision[i]) for i, t in enumerate(ious)}
+    intervals = {}
+    if bootstrap:
+        evaluated = evaluator if backend == "pycocotools" else _pycocotools_evaluated(gt, copies)
+        found = ap_bootstrap.bootstrap(ap_bootstrap.extract_matches(evaluated), bootstrap, seed, progress=progress)
+        intervals = {name: None if stats[name] is None else found[name] for name in ap_bootstrap.SUMMARY_FIGURES}
+    return CocoMetrics(stats=stats, per_category=per_category, pr_curve=curve, summary=summary, per_iou=per_iou,
+                       intervals=intervals, resamples=bootstrap)
+
+
+def _pycocotools_evaluated(gt: str | os.PathLike, detections: list[dict]) -> COCOeval:
+    """pycocotools' ``COCOeval`` after ``evaluate()`` on ``detections`` (to which its ``loadRes`` adds keys)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_gt = COCO(os.fspath(gt))
+        evaluator = COCOeval(coco_gt, coco_gt.loadRes(detections), "bbox")
+        evaluator.evaluate()
+    return evaluator
+
+
+def _mean_valid(precision: np.ndarray) -> float | None:
+    """The mean of the entries that are not -1 (COCOeval's summarize); None where all are."""
+    valid = precision[precision > -1]
+    return float(valid.mean()) if valid.size else None
 
 
 def _backend(name: str) -> tuple[type, type]:

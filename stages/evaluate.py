@@ -2,7 +2,8 @@
 
 The model computes as it was trained (stored in the model file; said in the first line). Each process
 takes a shard of the val images; rank 0 gathers the detections, maps them back to JSON category ids and
-image coordinates and scores them with ``evaluate.backend``'s ``COCOeval``. Every execution is a new
+image coordinates and scores them with ``evaluate.backend``'s ``COCOeval``, AP's intervals from
+``evaluate.bootstrap`` image resamples drawn from ``seed``. Every execution is a new
 MLflow *evaluation run* tagged ``training_run_id``; ``--run-file`` holds its id while it is open (the
 launcher closes it if the processes die) and ``--run-ids`` records both ids for ``dvc exp show``.
 """
@@ -64,14 +65,20 @@ def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: 
             images: int) -> None:
     """Score ``detections``, write the stage's outputs and log the metrics to the evaluation run (which
     logs the output files when it ends)."""
-    metrics = coco_evaluate(args.prepared / "val.json", detections, backend=p.evaluate.backend)
+    metrics = coco_evaluate(args.prepared / "val.json", detections, backend=p.evaluate.backend,
+                            bootstrap=p.evaluate.bootstrap, seed=p.seed, progress=True)
     log.info("COCO box metrics on %d val images:\n%s", images, metrics.summary)
+    if metrics.intervals.get("AP") is not None:
+        low, high = metrics.intervals["AP"]
+        log.info("AP %.3f (95%% interval %.3f-%.3f, %d image resamples)", metrics.stats["AP"], low, high,
+                 metrics.resamples)
+    figures = metrics.figures()
     write_json(args.detections, detections, indent=None)
-    write_json(args.metrics, metrics.stats)
+    write_json(args.metrics, figures)
     write_json(args.per_category, [{"category": name, "AP": ap} for name, ap in metrics.per_category.items()])
     write_json(args.plots, metrics.pr_curve)
     write_json(args.run_ids, {"mlflow_run_id": tracker.run_id, "mlflow_training_run_id": training_run_id})
-    tracker.log_metrics({f"eval/{k}": v for k, v in metrics.stats.items() if v is not None}, step=step)
+    tracker.log_metrics({f"eval/{k}": v for k, v in figures.items() if v is not None}, step=step)
     tracker.log_metrics({f"eval/AP_{k}": v for k, v in metrics.per_category.items()}, step=step)
 
 

@@ -121,6 +121,8 @@ NAMES_AND_NUMBERS = [
                  "{params}: model.min_size_train[1]: expected a size from 1 to 65500 pixels, got -1", id="size-negative"),
     pytest.param(_with({"evaluate.tta_max_size": 65501}),
                  "{params}: evaluate.tta_max_size: expected a size from 1 to 65500 pixels, got 65501", id="size-huge"),
+    pytest.param(_with({"evaluate.bootstrap": -1}), "{params}: evaluate.bootstrap: expected a number of image "
+                 "resamples from 0 (no intervals) to 100000, got -1", id="bootstrap-negative"),
     pytest.param(_with({"dataset.max_side": 100000}),
                  "{params}: dataset.max_side: expected a size from 1 to 65500 pixels, got 100000",
                  id="synthetic-side-beyond-jpeg"),

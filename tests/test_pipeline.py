@@ -91,6 +91,8 @@ def _lineage(repo: Path, name: str) -> subprocess.CompletedProcess:
 
 
 COCO_FIGURES = ["AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"]
+INTERVALS = [f"{name}_{side}" for name in COCO_FIGURES[:6] for side in ("low", "high")]  # evaluate.bootstrap
+PER_IOU = [f"AP_iou{t}" for t in range(50, 100, 5)]
 
 
 def test_repro_runs_five_stages_and_records_a_training_and_an_evaluation_run(repo):
@@ -103,10 +105,16 @@ def test_repro_runs_five_stages_and_records_a_training_and_an_evaluation_run(rep
     assert checkout.returncode == 0 and "ERROR" not in checkout.stderr, checkout.stderr  # `dvc pull`: test_team
 
     metrics = json.loads((repo / "metrics" / "eval.json").read_text())
-    assert list(metrics) == COCO_FIGURES  # headline figures only: as wide whatever the number of classes
+    # headline figures only: as wide whatever the number of classes
+    assert list(metrics) == [*COCO_FIGURES, *INTERVALS, *PER_IOU]
     assert 0.0 <= metrics["AP"] <= 1.0
-    for key in ("AP50", "AP75", "APs", "APm", "APl"):
+    for key in ("AP", "AP50", "AP75", "APs", "APm", "APl"):
         assert metrics[key] is None or 0.0 <= metrics[key] <= 1.0  # None: no ground truth of that size
+        if metrics[key] is None:
+            assert metrics[f"{key}_low"] is None and metrics[f"{key}_high"] is None
+        else:
+            assert metrics[f"{key}_low"] <= metrics[key] <= metrics[f"{key}_high"]
+    assert abs(sum(metrics[key] for key in PER_IOU) / len(PER_IOU) - metrics["AP"]) <= 1e-9
     per_category = json.loads((repo / "metrics" / "per_category.json").read_text())
     assert {row["category"] for row in per_category} <= {"circle", "rectangle", "triangle", "star", "cross"}
     assert all(set(row) == {"category", "AP"} and 0.0 <= row["AP"] <= 1.0 for row in per_category)
@@ -166,6 +174,8 @@ def test_repro_runs_five_stages_and_records_a_training_and_an_evaluation_run(rep
 
     assert {"train.base_lr", "evaluate.tta", "dataset.name"} <= set(evaluation.data.params)
     assert evaluation.data.metrics["eval/AP"] == pytest.approx(metrics["AP"])
+    for key in ("AP_low", "AP_high", "AP_iou50", "AP_iou95"):
+        assert evaluation.data.metrics[f"eval/{key}"] == pytest.approx(metrics[key])
     assert {f"eval/AP_{row['category']}" for row in per_category} <= set(evaluation.data.metrics)
     assert {"eval", "params.yaml"} <= {a.path for a in client.list_artifacts(evaluation.info.run_id)}
     tags = evaluation.data.tags
@@ -700,6 +710,8 @@ def test_distributed_evaluation_gives_the_metrics_of_one_process(repo, tmp_path)
     one, two = ([json.loads((folder / name).read_text()) for name in ("eval.json", "per_category.json")]
                 for folder in (out, repo / "metrics"))
     assert one == two
+    # the bootstrap's intervals too, to the byte: the scoring is deterministic
+    assert "AP_low" in one[0] and (out / "eval.json").read_bytes() == (repo / "metrics" / "eval.json").read_bytes()
     assert one[0]["AP"] is not None
 
 

@@ -153,6 +153,7 @@ class Evaluate:
     tta_max_size: int = MISSING
     tta_flip: bool = MISSING  # also flip each scale
     backend: str = MISSING  # pycocotools | faster_coco_eval: the COCOeval that scores the detections
+    bootstrap: int = MISSING  # image resamples of the val split for the AP intervals; 0 turns them off
 
 
 @dataclass

@@ -18,6 +18,8 @@ from .schema import Augment, Evaluate, Launch, Loader, Model, Search, SyntheticD
 # unless ok.
 Require = Callable[[bool, str, str, Any], None]
 
+MAX_RESAMPLES = 100_000  # evaluate.bootstrap: enough for any interval; more only makes the stage slow
+
 
 def check_synthetic(dataset: SyntheticDataset, require: Require) -> None:
     require(dataset.seed >= 0, "dataset.seed", "an integer >= 0", dataset.seed)
@@ -139,6 +141,8 @@ def check_evaluate(evaluate: Evaluate, require: Require) -> None:
     require(all(s > 0 for s in evaluate.tta_scales), "evaluate.tta_scales", "positive sizes", evaluate.tta_scales)
     require(evaluate.tta_max_size >= max(evaluate.tta_scales, default=0), "evaluate.tta_max_size",
             f">= the largest evaluate.tta_scales ({max(evaluate.tta_scales, default=0)})", evaluate.tta_max_size)
+    require(0 <= evaluate.bootstrap <= MAX_RESAMPLES, "evaluate.bootstrap",
+            f"a number of image resamples from 0 (no intervals) to {MAX_RESAMPLES}", evaluate.bootstrap)
 
 
 def check_tracking(tracking: Tracking, require: Require) -> None:
