@@ -262,12 +262,14 @@ def compare(args) -> dict:
             model = runner.model(raw, data)
             kept[arm, seed] = model, runner.detections(raw, data, model)
     from pipelines import ap_bootstrap, checkpoint
+    from pipelines.evaluation import image_matches
 
     runs, matches = {}, {}
     for (arm, seed), (model, (detections, seconds)) in kept.items():
-        matches[arm, seed] = ap_bootstrap.image_matches(gt, [d for d in detections if d["image_id"] in ids])
+        matches[arm, seed] = image_matches(gt, [d for d in detections if d["image_id"] in ids])
+        point = ap_bootstrap.figures(matches[arm, seed])
         runs[arm, seed] = {"model": model.name, "precision": checkpoint.load(model / "model.pth")["precision"],
-                           "figures": ap_bootstrap.figures(matches[arm, seed]),
+                           "figures": {k: None if np.isnan(v) else float(v) for k, v in zip(ap_bootstrap.FIGURES, point)},
                            "seconds": {**json.loads((model / "seconds.json").read_text()), **seconds}}
     precisions = sorted({r["precision"] for r in runs.values()})
     if len(precisions) > 1:  # e.g. a candidate that sets model.precision: not a comparison of one arithmetic

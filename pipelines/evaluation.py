@@ -198,6 +198,13 @@ def coco_evaluate(gt: str | os.PathLike, detections: list[dict], *, backend: str
                        intervals=intervals, resamples=bootstrap)
 
 
+def image_matches(gt: str | os.PathLike, detections: list[dict]) -> ap_bootstrap.Matches:
+    """The per-image matches of COCO-format ``detections`` (left as they are) against the ground truth
+    JSON at ``gt``, for :func:`ap_bootstrap.figures` and its resamples (a paired comparison of models
+    evaluated on the same images)."""
+    return ap_bootstrap.extract_matches(_pycocotools_evaluated(gt, [dict(d) for d in detections]))
+
+
 def _pycocotools_evaluated(gt: str | os.PathLike, detections: list[dict]) -> COCOeval:
     """pycocotools' ``COCOeval`` after ``evaluate()`` on ``detections`` (to which its ``loadRes`` adds keys)."""
     with contextlib.redirect_stdout(io.StringIO()):
