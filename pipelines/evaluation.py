@@ -20,6 +20,7 @@ from tqdm import tqdm
 from .data.collate import pad_images
 from .data.sizes import resized_size
 from .data.transforms import TestTimeAugmentation
+from .model import merge
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,9 @@ def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, siz
     """Detections for a :class:`~pipelines.data.collate.Batch` in original image coordinates.
 
     With ``tta``, extra views are made from the batch's (already resized) images and merged per image
-    by class-wise NMS at the model's threshold, keeping its ``detections_per_img`` best.
+    by class-wise NMS at the model's threshold, keeping its ``detections_per_img`` best; with the model's
+    ``merge`` ``vote``, the kept boxes are then voted on by all the views' detections
+    (:func:`pipelines.model.merge`).
     """
     images = [im[:, :h, :w] for im, (h, w) in zip(batch.images, batch.image_sizes)]
     orig_sizes = [tuple(t["orig_size"].tolist()) for t in batch.targets]
@@ -70,8 +73,12 @@ def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, siz
         boxes = torch.cat([d["boxes"] for d in per_image])
         scores = torch.cat([d["scores"] for d in per_image])
         labels = torch.cat([d["labels"] for d in per_image])
-        keep = batched_nms(boxes, scores, labels, model.nms_thresh)[: model.detections_per_img]
-        merged.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+        if model.merge == "nms":
+            keep = batched_nms(boxes, scores, labels, model.nms_thresh)[: model.detections_per_img]
+            merged.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+        else:
+            merged.append(merge(boxes, scores, labels, nms_thresh=model.nms_thresh, merge=model.merge,
+                                vote_thresh=model.vote_thresh, detections_per_img=model.detections_per_img))
     return merged
 
 

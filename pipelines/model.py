@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 import torchvision
 from torch import Tensor, nn
+from torchvision.models.detection import _utils as det_utils
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.models.detection.fcos import FCOS
 from torchvision.models.detection.image_list import ImageList
-from torchvision.ops import FrozenBatchNorm2d
+from torchvision.ops import FrozenBatchNorm2d, batched_nms, box_iou, clip_boxes_to_image
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 from .config.backbones import weights_name
@@ -42,6 +43,9 @@ BACKBONES = registry("model.backbone", {  # a random ResNet body, given its norm
     "resnet50": partial(torchvision.models.resnet50, weights=None),
     "resnet101": partial(torchvision.models.resnet101, weights=None),
 })
+# evaluate.merge: how the boxes NMS keeps come out (names in config.MERGES; the numpy twin is
+# pipelines.inference.postprocess.merge).
+MERGES = ("nms", "vote")
 # The ResNet's stages from the top, as torchvision's ``trainable_backbone_layers`` counts them.
 STAGES = ("layer4", "layer3", "layer2", "layer1", "conv1")
 
@@ -163,7 +167,9 @@ class Detector(FCOS):
     Training returns the loss dict (``classification``, ``bbox_regression``, ``bbox_ctrness``; the head
     also sums it by object scale after ``head.measure_scales()``, :mod:`pipelines.scale_loss`);
     evaluation returns one dict per image with ``boxes`` (xyxy in the resized image), ``scores`` and
-    ``labels`` (contiguous).
+    ``labels`` (contiguous). ``merge`` (``nms``, torchvision's post-processing untouched, or ``vote``: the
+    kept boxes moved by :func:`vote` over the candidates before NMS) and ``vote_thresh`` are set where the
+    model is used (:func:`pipelines.build.model.use_evaluate`), like ``nms_thresh``.
     """
 
     def __init__(self, backbone: nn.Module, num_classes: int, *, head_convs: int, precision: str = "fp32",
@@ -172,6 +178,7 @@ class Detector(FCOS):
         super().__init__(backbone, num_classes, head=head, **fcos_kwargs)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.channels_last = channels_last
+        self.merge, self.vote_thresh = "nms", 0.8
         self.register_buffer("pixel_mean", torch.tensor(IMAGE_MEAN).view(1, 3, 1, 1) * 255, persistent=False)
         self.register_buffer("pixel_std", torch.tensor(IMAGE_STD).view(1, 3, 1, 1) * 255, persistent=False)
         if channels_last:
@@ -199,6 +206,69 @@ class Detector(FCOS):
         split_outputs = {k: list(v.split(num_anchors_per_level, dim=1)) for k, v in head_outputs.items()}
         split_anchors = [list(a.split(num_anchors_per_level)) for a in anchors]
         return self.postprocess_detections(split_outputs, split_anchors, image_sizes)
+
+    def postprocess_detections(self, head_outputs: dict[str, list[Tensor]], anchors: list[list[Tensor]],
+                               image_shapes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:
+        """torchvision's post-processing (``merge`` ``nms``), or its candidates and NMS with the kept boxes
+        voted on (``vote``: :func:`merge`)."""
+        if self.merge == "nms":
+            return super().postprocess_detections(head_outputs, anchors, image_shapes)
+        found = []
+        for index, image_shape in enumerate(image_shapes):
+            boxes, scores, labels = self._candidates({k: [v[index] for v in levels] for k, levels in head_outputs.items()},
+                                                     anchors[index], image_shape)
+            found.append(merge(boxes, scores, labels, nms_thresh=self.nms_thresh, merge=self.merge,
+                               vote_thresh=self.vote_thresh, detections_per_img=self.detections_per_img))
+        return found
+
+    def _candidates(self, outputs: dict[str, list[Tensor]], anchors: list[Tensor],
+                    image_shape: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+        """One image's candidates before NMS, as ``FCOS.postprocess_detections`` selects and decodes them:
+        per level the scores above ``score_thresh``, the best ``topk_candidates``, their boxes clipped."""
+        all_boxes, all_scores, all_labels = [], [], []
+        for regression, logits, ctrness, level_anchors in zip(outputs["bbox_regression"], outputs["cls_logits"],
+                                                              outputs["bbox_ctrness"], anchors):
+            num_classes = logits.shape[-1]
+            scores = torch.sqrt(torch.sigmoid(logits) * torch.sigmoid(ctrness)).flatten()
+            keep = scores > self.score_thresh
+            scores, topk_idxs = scores[keep], torch.where(keep)[0]
+            scores, idxs = scores.topk(det_utils._topk_min(topk_idxs, self.topk_candidates, 0))
+            topk_idxs = topk_idxs[idxs]
+            anchor_idxs = torch.div(topk_idxs, num_classes, rounding_mode="floor")
+            boxes = self.box_coder.decode(regression[anchor_idxs], level_anchors[anchor_idxs])
+            all_boxes.append(clip_boxes_to_image(boxes, image_shape))
+            all_scores.append(scores)
+            all_labels.append(topk_idxs % num_classes)
+        return torch.cat(all_boxes), torch.cat(all_scores), torch.cat(all_labels)
+
+
+def vote(kept: Tensor, kept_labels: Tensor, boxes: Tensor, scores: Tensor, labels: Tensor, *,
+         thresh: float) -> Tensor:
+    """Box voting (Detectron's ``box_voting``, its default ``ID`` scoring): each ``kept`` box (float32
+    ``[K, 4]``, label ``kept_labels``) replaced by the mean of the candidate ``boxes`` (``[N, 4]``) of its
+    label whose IoU with it is at least ``thresh``, weighted by their ``scores`` (itself among them when it
+    is a candidate). The mean is taken in float64 and rounded to float32, so that the numpy twin
+    (:func:`pipelines.inference.postprocess.vote`) gives the same boxes. A kept box that no candidate
+    reaches stays as it is."""
+    if not len(kept) or not len(boxes):
+        return kept
+    reached = (box_iou(kept, boxes) >= thresh) & (kept_labels[:, None] == labels[None])
+    weights = reached * scores[None].double()
+    total = weights.sum(1, keepdim=True)
+    voted = (weights @ boxes.double()) / total.clamp(min=torch.finfo(torch.float64).tiny)
+    return torch.where(total > 0, voted, kept.double()).to(kept.dtype)
+
+
+def merge(boxes: Tensor, scores: Tensor, labels: Tensor, *, nms_thresh: float, merge: str, vote_thresh: float,
+          detections_per_img: int) -> dict[str, Tensor]:
+    """One image's detections from its candidates: class-wise NMS at ``nms_thresh``, the best
+    ``detections_per_img`` kept, their boxes voted on by all the candidates (:func:`vote`) when ``merge``
+    is ``vote``; scores and labels as NMS keeps them."""
+    keep = batched_nms(boxes, scores, labels, nms_thresh)[:detections_per_img]
+    kept = boxes[keep]
+    if merge == "vote":
+        kept = vote(kept, labels[keep], boxes, scores, labels, thresh=vote_thresh)
+    return {"boxes": kept, "scores": scores[keep], "labels": labels[keep]}
 
 
 def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = "batchnorm", fpn_channels: int = 128,

@@ -33,6 +33,7 @@ class _Model:
     """:func:`_geometric` behind the interface evaluation calls."""
 
     nms_thresh, detections_per_img = THRESHOLDS.nms_thresh, THRESHOLDS.detections_per_img
+    merge, vote_thresh = THRESHOLDS.merge, THRESHOLDS.vote_thresh
 
     def __call__(self, images, image_sizes):
         return [{"boxes": torch.from_numpy(d.boxes), "scores": torch.from_numpy(d.scores),

@@ -140,6 +140,10 @@ class Evaluate:
     tta_max_size: int = MISSING
     tta_flip: bool = MISSING  # also flip each scale
     backend: str = MISSING  # pycocotools | faster_coco_eval: the COCOeval that scores the detections
+    # post-processing at test time (evaluate, export's card, predict): within a view and across the views
+    nms_thresh: Optional[float] = MISSING  # class-wise NMS IoU; null: model.nms_thresh
+    merge: str = MISSING  # nms | vote: kept boxes as they are, or moved by box voting (Detectron's BBOX_VOTE)
+    vote_thresh: float = MISSING  # merge vote: candidates of IoU >= this with a kept box vote on its coordinates
 
 
 @dataclass
@@ -207,6 +211,7 @@ AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial")  # pipelines.build.dat
 OPTIMIZERS = ("sgd", "adamw")  # pipelines.solver.OPTIMIZERS
 LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
 EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS
+MERGES = ("nms", "vote")  # pipelines.model.MERGES and pipelines.inference.postprocess.MERGES
 
 CHOICES = {
     "model.backbone": BACKBONES,
@@ -216,6 +221,7 @@ CHOICES = {
     "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": LR_SCHEDULES,
     "evaluate.backend": EVAL_BACKENDS,
+    "evaluate.merge": MERGES,
 }
 
 _Registry = TypeVar("_Registry", bound=Mapping)

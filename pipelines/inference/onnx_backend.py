@@ -53,13 +53,15 @@ class OnnxBackend:
         self.score_thresh = float(self.card.score_thresh)
         self.nms_thresh = float(self.card.nms_thresh)
         self.detections_per_img = int(self.card.detections_per_img)
+        self.merge, self.vote_thresh = str(self.card.merge), float(self.card.vote_thresh)
         threads = detector.session.get_session_options().intra_op_num_threads
         self.compute = Compute(precision="fp32", channels_last=False,
                                reason=f"exported graph in ONNX Runtime on the CPU, {threads} threads")
 
     @property
     def thresholds(self) -> Thresholds:
-        return Thresholds(self.score_thresh, self.nms_thresh, self.card.topk_candidates, self.detections_per_img)
+        return Thresholds(self.score_thresh, self.nms_thresh, self.card.topk_candidates, self.detections_per_img,
+                          self.merge, self.vote_thresh)
 
     def eval(self) -> OnnxBackend:
         return self

@@ -5,7 +5,8 @@ The views of a batch of decoded images are: each image resized to the test size;
 and per extra scale, the test-size image resized again (shorter side to the scale, longer at most
 ``max_size``, sizes computed from the original image), mirrored too when ``flip``. Each view's detections
 go back to original pixels; all of an image's are merged by class-wise NMS at the model's threshold,
-keeping its ``detections_per_img`` best.
+keeping its ``detections_per_img`` best, voted on by all the views' detections with ``merge`` ``vote``
+(:func:`.postprocess.merge`).
 
 This module imports neither torch nor torchvision (an import-linter contract holds it).
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..data.sizes import resized_size
-from .postprocess import Detections, Thresholds, batched_nms
+from .postprocess import Detections, Thresholds, merge
 from .preprocess import pad_batch, resize
 
 Detect = Callable[[np.ndarray, list[tuple[int, int]]], list[Detections]]  # padded batch, sizes -> detections
@@ -71,6 +72,5 @@ def detect_views(detect: Detect, pixels: Sequence[np.ndarray], *, min_size: int,
         boxes = np.concatenate([d.boxes for d in per_image]).astype(np.float32, copy=False)
         scores = np.concatenate([d.scores for d in per_image]).astype(np.float32, copy=False)
         labels = np.concatenate([d.labels for d in per_image])
-        keep = batched_nms(boxes, scores, labels, thresholds.nms_thresh, max_keep=thresholds.detections_per_img)
-        merged.append(Detections(boxes[keep], scores[keep], labels[keep]))
+        merged.append(merge(boxes, scores, labels, thresholds))
     return merged
