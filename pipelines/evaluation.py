@@ -45,13 +45,15 @@ def _detect_view(model, images: list[torch.Tensor], orig_sizes: list[tuple[int, 
     return outputs
 
 
-def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, size_divisibility: int = 32) -> list[dict]:
+def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, size_divisibility: int = 32,
+           originals: list[torch.Tensor] | None = None) -> list[dict]:
     """Detections for a :class:`~pipelines.data.collate.Batch` in original image coordinates.
 
     With ``tta``, extra views are made from the batch's (already resized) images and merged per image
     by class-wise NMS at the model's threshold, keeping its ``detections_per_img`` best; with the model's
     ``merge`` ``vote``, the kept boxes are then voted on by all the views' detections
-    (:func:`pipelines.model.merge`).
+    (:func:`pipelines.model.merge`). With ``tta.source`` ``decoded`` the extra scales are resized from
+    ``originals`` instead, the decoded ``uint8 [3, H, W]`` images the batch's were resized from.
     """
     images = [im[:, :h, :w] for im, (h, w) in zip(batch.images, batch.image_sizes)]
     orig_sizes = [tuple(t["orig_size"].tolist()) for t in batch.targets]
@@ -62,9 +64,12 @@ def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, siz
     if tta.flip:
         all_views.append(_detect_view(model, images, orig_sizes, flip=True, size_divisibility=size_divisibility,
                                       device=device))
+    if tta.source == "decoded" and originals is None:
+        raise ValueError("test-time views from the decoded images: pass originals")
+    sources = originals if tta.source == "decoded" else images
     for scale in tta.scales:
         scaled = [F.resize(im, list(resized_size(h, w, scale, tta.max_size)), antialias=True)
-                  for im, (h, w) in zip(images, orig_sizes)]
+                  for im, (h, w) in zip(sources, orig_sizes)]
         for flip in (False, True) if tta.flip else (False,):
             all_views.append(_detect_view(model, scaled, orig_sizes, flip=flip, size_divisibility=size_divisibility,
                                           device=device))
@@ -88,12 +93,16 @@ def predict(model: torch.nn.Module, loader, *, device: torch.device, category_id
     """Run ``model`` over ``loader`` and return COCO-format detections in original image coordinates.
 
     Boxes are scaled from the resized image back to the stored image's size and labels mapped from
-    contiguous indices to JSON category ids.
+    contiguous indices to JSON category ids. With ``tta.source`` ``decoded``, each batch's images are
+    decoded again (``loader.dataset.load``) for the extra scales.
     """
     model.eval()
     results: list[dict] = []
     for batch in tqdm(loader, desc="inference", unit="batch", disable=not progress, mininterval=2.0):
-        outputs = detect(model, batch, device=device, tta=tta, size_divisibility=size_divisibility)
+        originals = ([loader.dataset.load(index)[0] for index in batch.indices]
+                     if tta is not None and tta.source == "decoded" else None)
+        outputs = detect(model, batch, device=device, tta=tta, size_divisibility=size_divisibility,
+                         originals=originals)
         for output, target in zip(outputs, batch.targets):
             boxes = output["boxes"].clone()
             boxes[:, 2:] -= boxes[:, :2]

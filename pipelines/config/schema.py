@@ -139,6 +139,7 @@ class Evaluate:
     tta_scales: list[int] = MISSING  # shorter sides of the extra scales
     tta_max_size: int = MISSING
     tta_flip: bool = MISSING  # also flip each scale
+    tta_source: str = MISSING  # resized | decoded: the extra scales resized from the test-size or the decoded image
     backend: str = MISSING  # pycocotools | faster_coco_eval: the COCOeval that scores the detections
     # post-processing at test time (evaluate, export's card, predict): within a view and across the views
     nms_thresh: Optional[float] = MISSING  # class-wise NMS IoU; null: model.nms_thresh
@@ -211,6 +212,7 @@ AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial")  # pipelines.build.dat
 OPTIMIZERS = ("sgd", "adamw")  # pipelines.solver.OPTIMIZERS
 LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
 EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS
+TTA_SOURCES = ("resized", "decoded")  # pipelines.data.transforms.TTA_SOURCES and pipelines.inference.tta.SOURCES
 MERGES = ("nms", "vote")  # pipelines.model.MERGES and pipelines.inference.postprocess.MERGES
 
 CHOICES = {
@@ -222,6 +224,7 @@ CHOICES = {
     "train.lr_schedule": LR_SCHEDULES,
     "evaluate.backend": EVAL_BACKENDS,
     "evaluate.merge": MERGES,
+    "evaluate.tta_source": TTA_SOURCES,
 }
 
 _Registry = TypeVar("_Registry", bound=Mapping)

@@ -76,7 +76,7 @@ class OnnxBackend:
         resized and padded by :mod:`.preprocess` as the card says, with ``tta``'s views (:mod:`.tta`)."""
         card, thresholds = self.card, self.thresholds
         pixels = [image.permute(1, 2, 0).numpy() for image in images]
-        views = Views(tuple(tta.scales), tta.max_size, tta.flip) if tta is not None else None
+        views = Views(tuple(tta.scales), tta.max_size, tta.flip, tta.source) if tta is not None else None
         found = detect_views(lambda batch, sizes: self.detector.detect(batch, sizes, thresholds=thresholds), pixels,
                              min_size=card.min_size_test, max_size=card.max_size_test,
                              size_divisibility=card.size_divisibility, thresholds=thresholds, views=views)
