@@ -232,6 +232,15 @@ def test_box_voting_by_hand_in_torch_and_numpy(merge, expected):
     np.testing.assert_array_equal(ours.scores, VOTE_SCORES[[0, 3, 4]])  # the kept scores, not averaged
     np.testing.assert_array_equal(theirs["scores"].numpy(), VOTE_SCORES[[0, 3, 4]])
     np.testing.assert_array_equal(ours.labels, theirs["labels"].numpy())
+    # at a threshold float32 rounds down (0.7), a candidate of IoU exactly float32(0.7) votes in both
+    edge = np.array([[0, 0, 10, 10], [0, 0, 10, 7]], np.float32)  # IoU 70 / 100 = float32(0.7)
+    at_edge = postprocess.Thresholds(0.05, 0.6, 1000, 100, merge="vote", vote_thresh=0.7)
+    ours_edge = postprocess.merge(edge, VOTE_SCORES[:2], VOTE_LABELS[:2], at_edge).boxes
+    theirs_edge = detector_module.merge(torch.from_numpy(edge), torch.from_numpy(VOTE_SCORES[:2]),
+                                        torch.from_numpy(VOTE_LABELS[:2]), nms_thresh=0.6, merge="vote",
+                                        vote_thresh=0.7, detections_per_img=100)["boxes"].numpy()
+    np.testing.assert_array_equal(ours_edge, theirs_edge)
+    assert ours_edge[0, 3] < 10  # the second box voted
     if merge == "nms":  # the default is exactly torchvision's batched NMS
         keep = batched_nms(torch.from_numpy(VOTE_BOXES), torch.from_numpy(VOTE_SCORES), torch.from_numpy(VOTE_LABELS),
                            0.6).numpy()

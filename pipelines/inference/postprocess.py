@@ -240,8 +240,8 @@ def vote(kept: np.ndarray, kept_labels: np.ndarray, boxes: np.ndarray, scores: n
     label whose IoU with it is at least ``thresh``; one that no candidate reaches stays as it is."""
     if not len(kept) or not len(boxes):
         return kept
-    with np.errstate(invalid="ignore"):
-        reached = (box_iou(kept, boxes) >= np.float64(thresh)) & (kept_labels[:, None] == labels[None])
+    with np.errstate(invalid="ignore"):  # compared in float32, as torch compares a float32 tensor with a number
+        reached = (box_iou(kept, boxes) >= np.float32(thresh)) & (kept_labels[:, None] == labels[None])
     weights = reached * scores[None].astype(np.float64)
     total = weights.sum(1, keepdims=True)
     voted = (weights @ boxes.astype(np.float64)) / np.maximum(total, np.finfo(np.float64).tiny)
