@@ -215,8 +215,8 @@ class Detector(FCOS):
             return super().postprocess_detections(head_outputs, anchors, image_shapes)
         found = []
         for index, image_shape in enumerate(image_shapes):
-            boxes, scores, labels = self._candidates({k: [v[index] for v in levels] for k, levels in head_outputs.items()},
-                                                     anchors[index], image_shape)
+            outputs = {kind: [level[index] for level in levels] for kind, levels in head_outputs.items()}
+            boxes, scores, labels = self._candidates(outputs, anchors[index], image_shape)
             found.append(merge(boxes, scores, labels, nms_thresh=self.nms_thresh, merge=self.merge,
                                vote_thresh=self.vote_thresh, detections_per_img=self.detections_per_img))
         return found

@@ -147,7 +147,8 @@ def test_onnx_predicts_as_the_pth_it_was_exported_from(in_workspace, capsys, tta
     assert torch_summary["backend"] == "torch"
     assert (summary["backend"], summary["precision"], summary["images"], summary["tta"]) == ("onnx", "fp32", 3, tta)
     assert summary["score_thresh"] == pytest.approx(torch_summary["score_thresh"])
-    assert sorted(p.name for p in (in_workspace / f"onnx{tta}{levers}").rglob("*.png")) == ["img0.png", "img1.png", "img2.png"]
+    drawn = sorted(p.name for p in (in_workspace / f"onnx{tta}{levers}").rglob("*.png"))
+    assert drawn == ["img0.png", "img1.png", "img2.png"]
 
 
 def test_onnx_score_overrides_the_card(in_workspace, capsys):

@@ -7,8 +7,9 @@ and test-time augmentation code runs unchanged on any backend: ``backend(images,
 before padding; it returns one dict per image, ``boxes`` (``[K, 4]`` xyxy in that image's pixels),
 ``scores`` (``[K]``) and ``labels`` (``[K]``, indices into :attr:`Backend.categories`), at most
 ``detections_per_img`` of them, above ``score_thresh``, after class-wise NMS at ``nms_thresh``.
-``detect`` reads ``nms_thresh``, ``merge``, ``vote_thresh`` and ``detections_per_img`` to merge test-time views. This module imports
-no torch: a backend that does not need it (ONNX Runtime) implements the same interface.
+``detect`` reads ``nms_thresh``, ``merge``, ``vote_thresh`` and ``detections_per_img`` to merge test-time
+views. This module imports no torch: a backend that does not need it (ONNX Runtime) implements the same
+interface.
 """
 
 from __future__ import annotations
