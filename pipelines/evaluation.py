@@ -22,6 +22,7 @@ from . import ap_bootstrap
 from .data.collate import pad_images
 from .data.sizes import resized_size
 from .data.transforms import TestTimeAugmentation
+from .model import merge
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,15 @@ def _detect_view(model, images: list[torch.Tensor], orig_sizes: list[tuple[int, 
     return outputs
 
 
-def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, size_divisibility: int = 32) -> list[dict]:
+def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, size_divisibility: int = 32,
+           originals: list[torch.Tensor] | None = None) -> list[dict]:
     """Detections for a :class:`~pipelines.data.collate.Batch` in original image coordinates.
 
     With ``tta``, extra views are made from the batch's (already resized) images and merged per image
-    by class-wise NMS at the model's threshold, keeping its ``detections_per_img`` best.
+    by class-wise NMS at the model's threshold, keeping its ``detections_per_img`` best; with the model's
+    ``merge`` ``vote``, the kept boxes are then voted on by all the views' detections
+    (:func:`pipelines.model.merge`). With ``tta.source`` ``decoded`` the extra scales are resized from
+    ``originals`` instead, the decoded ``uint8 [3, H, W]`` images the batch's were resized from.
     """
     images = [im[:, :h, :w] for im, (h, w) in zip(batch.images, batch.image_sizes)]
     orig_sizes = [tuple(t["orig_size"].tolist()) for t in batch.targets]
@@ -61,9 +66,12 @@ def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, siz
     if tta.flip:
         all_views.append(_detect_view(model, images, orig_sizes, flip=True, size_divisibility=size_divisibility,
                                       device=device))
+    if tta.source == "decoded" and originals is None:
+        raise ValueError("test-time views from the decoded images: pass originals")
+    sources = originals if tta.source == "decoded" else images
     for scale in tta.scales:
         scaled = [F.resize(im, list(resized_size(h, w, scale, tta.max_size)), antialias=True)
-                  for im, (h, w) in zip(images, orig_sizes)]
+                  for im, (h, w) in zip(sources, orig_sizes)]
         for flip in (False, True) if tta.flip else (False,):
             all_views.append(_detect_view(model, scaled, orig_sizes, flip=flip, size_divisibility=size_divisibility,
                                           device=device))
@@ -72,8 +80,12 @@ def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, siz
         boxes = torch.cat([d["boxes"] for d in per_image])
         scores = torch.cat([d["scores"] for d in per_image])
         labels = torch.cat([d["labels"] for d in per_image])
-        keep = batched_nms(boxes, scores, labels, model.nms_thresh)[: model.detections_per_img]
-        merged.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+        if model.merge == "nms":
+            keep = batched_nms(boxes, scores, labels, model.nms_thresh)[: model.detections_per_img]
+            merged.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+        else:
+            merged.append(merge(boxes, scores, labels, nms_thresh=model.nms_thresh, merge=model.merge,
+                                vote_thresh=model.vote_thresh, detections_per_img=model.detections_per_img))
     return merged
 
 
@@ -83,12 +95,16 @@ def predict(model: torch.nn.Module, loader, *, device: torch.device, category_id
     """Run ``model`` over ``loader`` and return COCO-format detections in original image coordinates.
 
     Boxes are scaled from the resized image back to the stored image's size and labels mapped from
-    contiguous indices to JSON category ids.
+    contiguous indices to JSON category ids. With ``tta.source`` ``decoded``, each batch's images are
+    decoded again (``loader.dataset.load``) for the extra scales.
     """
     model.eval()
     results: list[dict] = []
     for batch in tqdm(loader, desc="inference", unit="batch", disable=not progress, mininterval=2.0):
-        outputs = detect(model, batch, device=device, tta=tta, size_divisibility=size_divisibility)
+        originals = ([loader.dataset.load(index)[0] for index in batch.indices]
+                     if tta is not None and tta.source == "decoded" else None)
+        outputs = detect(model, batch, device=device, tta=tta, size_divisibility=size_divisibility,
+                         originals=originals)
         for output, target in zip(outputs, batch.targets):
             boxes = output["boxes"].clone()
             boxes[:, 2:] -= boxes[:, :2]

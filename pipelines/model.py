@@ -20,7 +20,7 @@ from torchvision.models.detection import _utils as det_utils
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.models.detection.fcos import FCOS
 from torchvision.models.detection.image_list import ImageList
-from torchvision.ops import FrozenBatchNorm2d, boxes as box_ops
+from torchvision.ops import FrozenBatchNorm2d, batched_nms, box_iou, clip_boxes_to_image
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 from .config.backbones import weights_name
@@ -43,6 +43,9 @@ BACKBONES = registry("model.backbone", {  # a random ResNet body, given its norm
     "resnet50": partial(torchvision.models.resnet50, weights=None),
     "resnet101": partial(torchvision.models.resnet101, weights=None),
 })
+# evaluate.merge: how the boxes NMS keeps come out (names in config.MERGES; the numpy twin is
+# pipelines.inference.postprocess.merge).
+MERGES = ("nms", "vote")
 # The ResNet's stages from the top, as torchvision's ``trainable_backbone_layers`` counts them.
 STAGES = ("layer4", "layer3", "layer2", "layer1", "conv1")
 
@@ -167,6 +170,9 @@ class Detector(FCOS):
     ``labels`` (contiguous). ``cls_loss`` (``model.cls_loss``): ``focal``, FCOS's loss and scores; ``qfl``, the
     quality focal loss (:mod:`pipelines.scale_loss`) and scores ``sigmoid(cls)``, without centerness;
     ``centerness_weighted_giou`` and ``sync_num_pos``: the official FCOS's loss details (:mod:`pipelines.scale_loss`).
+    ``merge`` (``nms``, NMS's boxes as they are, or ``vote``: the kept boxes moved by :func:`vote` over the
+    candidates before NMS) and ``vote_thresh`` are set where the model is used
+    (:func:`pipelines.build.model.use_evaluate`), like ``nms_thresh``.
     """
 
     def __init__(self, backbone: nn.Module, num_classes: int, *, head_convs: int, precision: str = "fp32",
@@ -177,6 +183,7 @@ class Detector(FCOS):
         super().__init__(backbone, num_classes, head=head, **fcos_kwargs)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.channels_last = channels_last
+        self.merge, self.vote_thresh = "nms", 0.8
         self.register_buffer("pixel_mean", torch.tensor(IMAGE_MEAN).view(1, 3, 1, 1) * 255, persistent=False)
         self.register_buffer("pixel_std", torch.tensor(IMAGE_STD).view(1, 3, 1, 1) * 255, persistent=False)
         if channels_last:
@@ -207,31 +214,70 @@ class Detector(FCOS):
 
     def postprocess_detections(self, head_outputs: dict[str, list[Tensor]], anchors: list[list[Tensor]],
                                image_shapes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:
-        """FCOS's (torchvision's, unchanged) with the focal loss; with the quality focal loss the same steps
-        with scores ``sigmoid(cls)``, the centerness unused."""
-        if self.head.cls_loss == "focal":
+        """torchvision's post-processing (unchanged) for the focal loss with ``merge`` ``nms``; otherwise its
+        steps here: the candidates, scored ``sigmoid(cls)`` with the quality focal loss (the centerness
+        unused), then NMS, the kept boxes voted on with ``merge`` ``vote`` (:func:`merge`)."""
+        if self.head.cls_loss == "focal" and self.merge == "nms":
             return super().postprocess_detections(head_outputs, anchors, image_shapes)
-        detections = []
+        found = []
         for index, image_shape in enumerate(image_shapes):
-            image_boxes, image_scores, image_labels = [], [], []
-            for regression, logits, level_anchors in zip(head_outputs["bbox_regression"], head_outputs["cls_logits"],
-                                                          anchors[index]):
-                num_classes = logits.shape[-1]
-                scores = torch.sigmoid(logits[index]).flatten()
-                keep = scores > self.score_thresh
-                scores = scores[keep]
-                topk_idxs = torch.where(keep)[0]
-                scores, idxs = scores.topk(det_utils._topk_min(topk_idxs, self.topk_candidates, 0))
-                topk_idxs = topk_idxs[idxs]
-                anchor_idxs = torch.div(topk_idxs, num_classes, rounding_mode="floor")
-                boxes = self.box_coder.decode(regression[index][anchor_idxs], level_anchors[anchor_idxs])
-                image_boxes.append(box_ops.clip_boxes_to_image(boxes, image_shape))
-                image_scores.append(scores)
-                image_labels.append(topk_idxs % num_classes)
-            boxes, scores, labels = torch.cat(image_boxes), torch.cat(image_scores), torch.cat(image_labels)
-            keep = box_ops.batched_nms(boxes, scores, labels, self.nms_thresh)[: self.detections_per_img]
-            detections.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
-        return detections
+            outputs = {kind: [level[index] for level in levels] for kind, levels in head_outputs.items()}
+            boxes, scores, labels = self._candidates(outputs, anchors[index], image_shape)
+            found.append(merge(boxes, scores, labels, nms_thresh=self.nms_thresh, merge=self.merge,
+                               vote_thresh=self.vote_thresh, detections_per_img=self.detections_per_img))
+        return found
+
+    def _candidates(self, outputs: dict[str, list[Tensor]], anchors: list[Tensor],
+                    image_shape: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+        """One image's candidates before NMS, as ``FCOS.postprocess_detections`` selects and decodes them:
+        per level the scores above ``score_thresh``, the best ``topk_candidates``, their boxes clipped."""
+        all_boxes, all_scores, all_labels = [], [], []
+        for regression, logits, ctrness, level_anchors in zip(outputs["bbox_regression"], outputs["cls_logits"],
+                                                              outputs["bbox_ctrness"], anchors):
+            num_classes = logits.shape[-1]
+            if self.head.cls_loss == "qfl":
+                scores = torch.sigmoid(logits).flatten()
+            else:
+                scores = torch.sqrt(torch.sigmoid(logits) * torch.sigmoid(ctrness)).flatten()
+            keep = scores > self.score_thresh
+            scores, topk_idxs = scores[keep], torch.where(keep)[0]
+            scores, idxs = scores.topk(det_utils._topk_min(topk_idxs, self.topk_candidates, 0))
+            topk_idxs = topk_idxs[idxs]
+            anchor_idxs = torch.div(topk_idxs, num_classes, rounding_mode="floor")
+            boxes = self.box_coder.decode(regression[anchor_idxs], level_anchors[anchor_idxs])
+            all_boxes.append(clip_boxes_to_image(boxes, image_shape))
+            all_scores.append(scores)
+            all_labels.append(topk_idxs % num_classes)
+        return torch.cat(all_boxes), torch.cat(all_scores), torch.cat(all_labels)
+
+
+def vote(kept: Tensor, kept_labels: Tensor, boxes: Tensor, scores: Tensor, labels: Tensor, *,
+         thresh: float) -> Tensor:
+    """Box voting (Detectron's ``box_voting``, its default ``ID`` scoring): each ``kept`` box (float32
+    ``[K, 4]``, label ``kept_labels``) replaced by the mean of the candidate ``boxes`` (``[N, 4]``) of its
+    label whose IoU with it is at least ``thresh``, weighted by their ``scores`` (itself among them when it
+    is a candidate). The mean is taken in float64 and rounded to float32, so that the numpy twin
+    (:func:`pipelines.inference.postprocess.vote`) gives the same boxes. A kept box that no candidate
+    reaches stays as it is."""
+    if not len(kept) or not len(boxes):
+        return kept
+    reached = (box_iou(kept, boxes) >= thresh) & (kept_labels[:, None] == labels[None])
+    weights = reached * scores[None].double()
+    total = weights.sum(1, keepdim=True)
+    voted = (weights @ boxes.double()) / total.clamp(min=torch.finfo(torch.float64).tiny)
+    return torch.where(total > 0, voted, kept.double()).to(kept.dtype)
+
+
+def merge(boxes: Tensor, scores: Tensor, labels: Tensor, *, nms_thresh: float, merge: str, vote_thresh: float,
+          detections_per_img: int) -> dict[str, Tensor]:
+    """One image's detections from its candidates: class-wise NMS at ``nms_thresh``, the best
+    ``detections_per_img`` kept, their boxes voted on by all the candidates (:func:`vote`) when ``merge``
+    is ``vote``; scores and labels as NMS keeps them."""
+    keep = batched_nms(boxes, scores, labels, nms_thresh)[:detections_per_img]
+    kept = boxes[keep]
+    if merge == "vote":
+        kept = vote(kept, labels[keep], boxes, scores, labels, thresh=vote_thresh)
+    return {"boxes": kept, "scores": scores[keep], "labels": labels[keep]}
 
 
 def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = "batchnorm", fpn_channels: int = 128,

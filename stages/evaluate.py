@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     cache = AnnotationCache(args.cache / "val", verify=True)
     model, compute, iteration = build_model.trained_detector(p, args.model, categories=cache.categories,
                                                              split=args.cache / "val", device=device)
+    build_model.use_evaluate(model, p)
     if main_process:
         compute.announce(log)
     outputs = [(path, "eval") for path in (args.metrics, args.per_category, args.plots)]  # logged as the run ends

@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     cache = AnnotationCache(args.cache / "val", verify=True)
     detector, _, iteration = build_model.trained_detector(p, args.model, categories=cache.categories,
                                                           split=args.cache / "val", device=device, precision="fp32")
+    build_model.use_evaluate(detector, p)  # the card carries evaluation's post-processing
     training_run_id = read_run_id(args.train_run)
     provenance = {"mlflow_run_id": training_run_id, "git_commit": git_commit(), "weights_md5": file_md5(args.model)}
     with atomic_dir(args.out) as folder:

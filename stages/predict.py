@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     inputs = sources.expand(args.sources, exclude=args.out)
     if not inputs:
         raise ConfigError(f"SOURCE {' '.join(args.sources)}: no image or video found")
-    tta = (TestTimeAugmentation(tuple(evaluate.tta_scales), evaluate.tta_max_size, evaluate.tta_flip)
-           if args.tta else None)
+    tta = (TestTimeAugmentation(tuple(evaluate.tta_scales), evaluate.tta_max_size, evaluate.tta_flip,
+                                evaluate.tta_source) if args.tta else None)
     settings = runner.Settings(
         transforms=build_transforms(min_sizes=[min_size], max_size=max_size), size_divisibility=divisibility,
         tta=tta, max_pixels=max_pixels, device=device, batch=args.batch, vid_stride=args.vid_stride,

@@ -169,12 +169,17 @@ def test_every_name_validation_accepts_is_one_the_code_selects():
     from pipelines import evaluation, hardware, model, scale_loss, solver
     from pipelines.config.presets import model_presets
     from pipelines.config.schema import CHOICES
+    from pipelines.data import transforms
+    from pipelines.inference import card, postprocess, tta
 
     registries = {"model.backbone": model.BACKBONES, "model.norm": model.NORM_LAYERS,
                   "model.precision": hardware.PRECISIONS, "augment.name": build_data.AUGMENTATIONS,
                   "train.optimizer": solver.OPTIMIZERS, "train.lr_schedule": solver.LR_SCHEDULES,
-                  "evaluate.backend": evaluation.BACKENDS, "model.cls_loss": scale_loss.CLS_LOSSES}
+                  "evaluate.backend": evaluation.BACKENDS, "model.cls_loss": scale_loss.CLS_LOSSES,
+                  "evaluate.merge": model.MERGES, "evaluate.tta_source": transforms.TTA_SOURCES}
     assert {key: tuple(names) for key, names in registries.items()} == CHOICES
+    assert postprocess.MERGES == card.MERGES == model.MERGES  # the numpy twin's and the model card's
+    assert tta.SOURCES == transforms.TTA_SOURCES
     presets = model_presets()
     assert list(presets) == sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
     assert all(preset["name"] == stem for stem, preset in presets.items())  # each preset's label is its own name

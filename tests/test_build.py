@@ -108,6 +108,11 @@ def test_detector_follows_the_model_section(params):
     assert (model.score_thresh, model.nms_thresh, model.detections_per_img, model.topk_candidates) == (0.2, 0.5, 7, 50)
     bf16 = build_model.detector(params, num_classes=3, compute=Compute("bf16", True, "chosen by the test"))
     assert bf16.autocast_dtype == torch.bfloat16 and bf16.channels_last
+    assert (model.merge, model.vote_thresh) == ("nms", 0.8)  # torchvision's post-processing until evaluation says
+    build_model.use_evaluate(model, _with(p, "evaluate", nms_thresh=None, merge="nms", vote_thresh=0.8))
+    assert (model.nms_thresh, model.merge) == (0.5, "nms")  # evaluate.nms_thresh null: model.nms_thresh
+    build_model.use_evaluate(model, _with(p, "evaluate", nms_thresh=0.3, merge="vote", vote_thresh=0.9))
+    assert (model.nms_thresh, model.merge, model.vote_thresh) == (0.3, "vote", 0.9)
 
 
 def test_compute_resolves_auto_from_the_hardware_and_keeps_explicit_values(params, monkeypatch):

@@ -234,6 +234,7 @@ class _BrightSquareDetector(torch.nn.Module):
     """Detects the box of pixels brighter than 200 in each image (a geometry-exact stand-in model)."""
 
     nms_thresh = 0.5
+    merge, vote_thresh = "nms", 0.8
     detections_per_img = 100
 
     def forward(self, images, image_sizes):

@@ -3,6 +3,8 @@ against torchvision's; the model card; the NMS against torchvision's."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import time
 
@@ -11,13 +13,14 @@ import onnx
 import pytest
 import torch
 from PIL import Image
-from torchvision.ops import batched_nms, nms
+from torchvision.ops import batched_nms, box_iou, nms
 
 from pipelines import checkpoint
 from pipelines.errors import CheckpointError
 from pipelines.inference import card as model_card
 from pipelines.inference import onnx_export, postprocess, preprocess
 from pipelines.inference.onnx_runtime import OnnxDetector
+from pipelines import model as detector_module
 from pipelines.model import build_detector
 
 from .conftest import scene as _scene
@@ -126,20 +129,86 @@ def _match_rate(ours: list[postprocess.Detections], theirs: list[dict]) -> tuple
     return matched / max(total, 1), count
 
 
-def test_numpy_postprocessing_on_onnx_outputs_matches_pytorch(trained, runtime):
-    """End to end on one batch: ONNX graph + numpy post-processing against the PyTorch model's own."""
+# evaluate.nms_thresh / merge / vote_thresh: off (today's), and each lever on
+LEVERS = [pytest.param({}, id="default"), pytest.param({"nms_thresh": 0.3}, id="nms0.3"),
+          pytest.param({"merge": "vote", "vote_thresh": 0.7}, id="vote0.7")]
+
+
+@contextlib.contextmanager
+def _post_processing(model, runtime=None, **levers):
+    """``model`` post-processing with ``levers`` (as :func:`pipelines.build.model.use_evaluate` sets them), and
+    the numpy post-processing's thresholds of ``runtime``'s card with the same; restored after."""
+    before = {k: getattr(model, k) for k in ("nms_thresh", "merge", "vote_thresh")}
+    for key, value in levers.items():
+        setattr(model, key, value)
+    try:
+        yield None if runtime is None else dataclasses.replace(runtime.thresholds, **levers)
+    finally:
+        for key, value in before.items():
+            setattr(model, key, value)
+
+
+@pytest.mark.parametrize("levers", [LEVERS[0], pytest.param({"nms_thresh": 0.5, "merge": "vote", "vote_thresh": 0.7},
+                                                             id="nms0.5-vote0.7")])
+def test_numpy_postprocessing_on_onnx_outputs_matches_pytorch(trained, runtime, levers):
+    """End to end on one batch: ONNX graph + numpy post-processing against the PyTorch model's own, with
+    evaluation's post-processing levers off and on."""
     images = [_scene(240, 320, 0), _scene(300, 200, 1), _scene(320, 320, 2), _scene(180, 400, 3)]
     batch = preprocess.prepare(images, min_size=320, max_size=416, size_divisibility=32)
-    with torch.no_grad():
+    with _post_processing(trained, runtime, **levers) as thresholds, torch.no_grad():
         theirs = trained(torch.from_numpy(batch.images), batch.image_sizes)
-    ours = runtime.detect(batch.images, batch.image_sizes)
+        ours = runtime.detect(batch.images, batch.image_sizes, thresholds=thresholds)
     rate, count = _match_rate(ours, theirs)
-    print(f"match rate {rate:.4f} over {count} PyTorch detections")
+    print(f"{levers}: match rate {rate:.4f} over {count} PyTorch detections")
     assert count >= 100 and rate >= 0.99
 
 
+@pytest.mark.parametrize("levers", LEVERS)
+def test_postprocessing_is_torchvisions_on_the_same_outputs(trained, levers):
+    """Fed the very same head outputs, the numpy post-processing gives torchvision's detections (scores
+    without ties: torchvision's top-k orders equal scores as its partial sort leaves them); with the levers
+    on, the detector's own post-processing (its candidates, NMS at ``nms_thresh``, box voting)."""
+    generator = torch.Generator().manual_seed(4)
+    padded, sizes = (256, 352), [(256, 340), (230, 352)]
+    grids = [(32, 44), (16, 22), (8, 11), (4, 6), (2, 3)]
+    outputs = {"cls_logits": [torch.randn(2, h, w, 3, generator=generator) for h, w in grids],
+               "bbox_regression": [torch.rand(2, h, w, 4, generator=generator) * 3 for h, w in grids],
+               "bbox_ctrness": [torch.randn(2, h, w, 1, generator=generator) for h, w in grids]}
+    flat = {k: [t.reshape(2, -1, t.shape[-1]) for t in v] for k, v in outputs.items()}
+    features = [torch.empty(2, 1, h, w) for h, w in grids]
+    from torchvision.models.detection.image_list import ImageList
+
+    anchors = trained.anchor_generator(ImageList(torch.empty(2, 3, *padded), sizes), features)
+    split = [list(a.split([h * w for h, w in grids])) for a in anchors]
+    thresholds = postprocess.Thresholds(trained.score_thresh, trained.nms_thresh, trained.topk_candidates,
+                                        trained.detections_per_img)
+    for level, (grid, stride) in enumerate(zip(grids, postprocess.level_strides(padded, grids))):
+        np.testing.assert_array_equal(postprocess.level_anchors(grid, stride, 8 * 2**level), split[0][level].numpy())
+    plain = trained.postprocess_detections(flat, split, sizes)
+    with _post_processing(trained, **levers):
+        expected = trained.postprocess_detections(flat, split, sizes)
+    found = postprocess.detections(*([t.numpy() for t in outputs[k]] for k in model_card.OUTPUT_KINDS),
+                                   padded_size=padded, image_sizes=sizes, anchor_sizes=[8, 16, 32, 64, 128],
+                                   thresholds=dataclasses.replace(thresholds, **levers))
+    for mine, theirs, before in zip(found, expected, plain):
+        assert len(mine) > 50
+        np.testing.assert_array_equal(mine.labels, theirs["labels"].numpy())
+        np.testing.assert_allclose(mine.scores, theirs["scores"].numpy(), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(mine.boxes, theirs["boxes"].numpy(), rtol=0, atol=1e-4)
+        if "nms_thresh" in levers:  # no two kept boxes of a class overlap above it (at 0.6 some did)
+            def overlap(found):
+                same = found["labels"][:, None] == found["labels"][None]
+                return (box_iou(found["boxes"], found["boxes"]) * same).triu(1).max()
+
+            assert overlap(theirs) <= levers["nms_thresh"] < overlap(before)
+        if "merge" in levers:  # NMS keeps the same boxes and scores; voting moves some of the boxes
+            torch.testing.assert_close(theirs["scores"], before["scores"], rtol=0, atol=0)
+            moved = (theirs["boxes"] - before["boxes"]).abs().amax(1) > 1e-3
+            assert 0 < int(moved.sum()) < len(moved)
+
+
 @pytest.mark.parametrize("cls_loss", ["focal", "qfl"])
-def test_postprocessing_is_torchvisions_on_the_same_outputs(trained, cls_loss, monkeypatch):
+def test_postprocessing_scores_as_the_detector_for_either_loss(trained, cls_loss, monkeypatch):
     """Fed the very same head outputs, the numpy post-processing gives torchvision's detections (scores
     without ties: torchvision's top-k orders equal scores as its partial sort leaves them); with ``qfl``, the
     detector's own scores ``sigmoid(cls)``, which the centerness does not change."""
@@ -178,6 +247,46 @@ def test_postprocessing_is_torchvisions_on_the_same_outputs(trained, cls_loss, m
                                        padded_size=padded, image_sizes=sizes, anchor_sizes=[8, 16, 32, 64, 128],
                                        thresholds=thresholds)
         assert all(np.array_equal(a.scores, b.scores) and np.array_equal(a.boxes, b.boxes) for a, b in zip(again, found))
+
+
+# Box voting by hand: a kept box A, a same-class box B of IoU 0.818 with it (suppressed at 0.6, votes at
+# 0.8), a same-class C of IoU 0.667 (suppressed, does not vote), a box D of another class on B's place and
+# a far box E.
+VOTE_BOXES = np.array([[0, 0, 10, 10], [1, 0, 11, 10], [2, 0, 12, 10], [1, 0, 11, 10], [50, 50, 60, 60]],
+                      np.float32)
+VOTE_SCORES = np.array([0.9, 0.6, 0.3, 0.5, 0.4], np.float32)
+VOTE_LABELS = np.array([0, 0, 0, 1, 0], np.int64)
+
+
+@pytest.mark.parametrize("merge, expected", [
+    ("nms", VOTE_BOXES[[0, 3, 4]]),  # plain NMS: the kept boxes as they are
+    # A moves to (0.9 * A + 0.6 * B) / 1.5; D (alone in its class) and E (alone where it is) stay
+    ("vote", np.array([[0.4, 0, 10.4, 10], [1, 0, 11, 10], [50, 50, 60, 60]], np.float32)),
+])
+def test_box_voting_by_hand_in_torch_and_numpy(merge, expected):
+    thresholds = postprocess.Thresholds(0.05, 0.6, 1000, 100, merge=merge, vote_thresh=0.8)
+    ours = postprocess.merge(VOTE_BOXES, VOTE_SCORES, VOTE_LABELS, thresholds)
+    theirs = detector_module.merge(torch.from_numpy(VOTE_BOXES), torch.from_numpy(VOTE_SCORES),
+                                   torch.from_numpy(VOTE_LABELS), nms_thresh=0.6, merge=merge, vote_thresh=0.8,
+                                   detections_per_img=100)
+    np.testing.assert_allclose(ours.boxes, expected, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(ours.boxes, theirs["boxes"].numpy())  # the same float32 bits
+    np.testing.assert_array_equal(ours.scores, VOTE_SCORES[[0, 3, 4]])  # the kept scores, not averaged
+    np.testing.assert_array_equal(theirs["scores"].numpy(), VOTE_SCORES[[0, 3, 4]])
+    np.testing.assert_array_equal(ours.labels, theirs["labels"].numpy())
+    # at a threshold float32 rounds down (0.7), a candidate of IoU exactly float32(0.7) votes in both
+    edge = np.array([[0, 0, 10, 10], [0, 0, 10, 7]], np.float32)  # IoU 70 / 100 = float32(0.7)
+    at_edge = postprocess.Thresholds(0.05, 0.6, 1000, 100, merge="vote", vote_thresh=0.7)
+    ours_edge = postprocess.merge(edge, VOTE_SCORES[:2], VOTE_LABELS[:2], at_edge).boxes
+    theirs_edge = detector_module.merge(torch.from_numpy(edge), torch.from_numpy(VOTE_SCORES[:2]),
+                                        torch.from_numpy(VOTE_LABELS[:2]), nms_thresh=0.6, merge="vote",
+                                        vote_thresh=0.7, detections_per_img=100)["boxes"].numpy()
+    np.testing.assert_array_equal(ours_edge, theirs_edge)
+    assert ours_edge[0, 3] < 10  # the second box voted
+    if merge == "nms":  # the default is exactly torchvision's batched NMS
+        keep = batched_nms(torch.from_numpy(VOTE_BOXES), torch.from_numpy(VOTE_SCORES), torch.from_numpy(VOTE_LABELS),
+                           0.6).numpy()
+        np.testing.assert_array_equal(ours.boxes, VOTE_BOXES[keep])
 
 
 @pytest.mark.parametrize("count", [300, 1500])  # torchvision's two strategies: coordinate trick, per class
@@ -251,12 +360,27 @@ def test_predict_gives_original_pixels(runtime, tmp_path):
     assert len(runtime.predict([paths[0]], score_thresh=0.99)[0]) <= len(found[0])
 
 
+def test_the_card_carries_evaluations_post_processing(trained):
+    """The card has the detector's post-processing as evaluation sets it (the numpy path reads it from there);
+    a card written before the levers reads as plain NMS; a bad merge is refused in one line."""
+    with _post_processing(trained, nms_thresh=0.5, merge="vote", vote_thresh=0.75):
+        card = onnx_export.card_for(trained, categories=CATEGORIES, min_size_test=320, max_size_test=416,
+                                    size_divisibility=32, max_image_pixels=10**7, opset=20)
+    assert (card.nms_thresh, card.merge, card.vote_thresh) == (0.5, "vote", 0.75)
+    assert model_card.ModelCard.from_json(card.to_json(), source="m") == card
+    older = {k: v for k, v in json.loads(card.to_json()).items() if k not in ("merge", "vote_thresh")}
+    assert model_card.ModelCard.from_json(json.dumps(older), source="m").merge == "nms"
+    with pytest.raises(CheckpointError, match=r"^m: model card field merge is 'wbf', expected one of nms, vote$"):
+        model_card.ModelCard.from_json(json.dumps({**older, "merge": "wbf"}), source="m")
+
+
 def test_card_is_in_the_onnx_file_and_beside_it(exported, trained):
     path, card, _ = exported
     assert model_card.read_card(path) == card
     assert json.loads((path.parent / "model.json").read_text()) == json.loads(card.to_json())
     assert card.categories == CATEGORIES and card.anchor_sizes == [8, 16, 32, 64, 128]
     assert (card.score_thresh, card.nms_thresh, card.topk_candidates, card.detections_per_img) == (0.2, 0.6, 1000, 100)
+    assert (card.merge, card.vote_thresh) == ("nms", 0.8)  # the detector's own: plain NMS
     assert card.pixel_mean == pytest.approx([0.485 * 255, 0.456 * 255, 0.406 * 255])
     assert card.opset >= 18 and card.exporter == "torch.onnx.export(dynamo=True)" and card.trained_precision == "fp32"
     assert card.git_commit == "0" * 40 and card.mlflow_run_id is None

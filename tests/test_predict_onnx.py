@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,14 +16,19 @@ import torch
 import yaml
 from PIL import Image
 
+from pipelines.inference import card as model_card
 from pipelines.inference import onnx_export, torch_backend
 from pipelines.inference.onnx_backend import is_onnx
 
 from .conftest import scene as _scene
+from .conftest import set_dotted
 from .test_onnx_export import _spread
 from .test_predict import CATEGORIES, _params_tree, _run, one_thread_each  # noqa: F401 (an autouse fixture)
 
 IMAGES = [(64, 96), (96, 64), (64, 80)]  # height, width
+# evaluation's post-processing levers on: levers.yaml has them, export/levers.onnx's card too
+LEVERS = {"evaluate.nms_thresh": 0.5, "evaluate.merge": "vote", "evaluate.vote_thresh": 0.7,
+          "evaluate.tta_source": "decoded"}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +61,16 @@ def workspace(tmp_path_factory):
     bare = onnx.load(str(onnx_file))
     del bare.metadata_props[:]
     onnx.save(bare, str(root / "bare.onnx"))
+    levers = copy.deepcopy(tree)
+    for key, value in LEVERS.items():
+        set_dotted(levers, key, value)
+    (root / "levers.yaml").write_text(yaml.safe_dump(levers))
+    voting = onnx.load(str(onnx_file))  # the card as the export writes it with those params (no second export)
+    for prop in voting.metadata_props:
+        if prop.key == model_card.METADATA_KEY:
+            card = model_card.ModelCard.from_json(prop.value, source="export")
+            prop.value = dataclasses.replace(card, nms_thresh=0.5, merge="vote", vote_thresh=0.7).to_json()
+    onnx.save(voting, str(root / "export" / "levers.onnx"))
     for k, (height, width) in enumerate(IMAGES):
         path = root / "images" / ("a" if k % 2 else "b") / f"img{k}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,19 +129,26 @@ def _predict(args: list[str], capsys) -> tuple[list[dict], dict]:
     return json.loads((out / "predictions.json").read_text()), json.loads((out / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("tta", [False, True], ids=["plain", "tta"])
-def test_onnx_predicts_as_the_pth_it_was_exported_from(in_workspace, capsys, tta):
-    extra = ["--params", "params.yaml", "--batch", "1", "--vis-thresh", "0.9"] + (["--tta"] if tta else [])
-    torch_found, torch_summary = _predict(["images", "--model", "model_final.pth", "--out", f"torch{tta}",
+@pytest.mark.parametrize("tta, levers", [(False, False), (True, False), (True, True)], ids=["plain", "tta", "levers"])
+def test_onnx_predicts_as_the_pth_it_was_exported_from(in_workspace, capsys, tta, levers):
+    """Also with evaluation's post-processing levers on (``LEVERS``: NMS IoU, box voting, views from the
+    decoded image): the .pth takes them from the params, the .onnx from its card (and the views' source
+    from the params)."""
+    params, exported = ("levers.yaml", "export/levers.onnx") if levers else ("params.yaml", "export/model.onnx")
+    extra = ["--params", params, "--batch", "1", "--vis-thresh", "0.9"] + (["--tta"] if tta else [])
+    torch_found, torch_summary = _predict(["images", "--model", "model_final.pth", "--out", f"torch{tta}{levers}",
                                            "--precision", "fp32", *extra], capsys)
-    onnx_found, summary = _predict(["images", "--model", "export/model.onnx", "--out", f"onnx{tta}", *extra], capsys)
+    onnx_found, summary = _predict(["images", "--model", exported, "--out", f"onnx{tta}{levers}", *extra], capsys)
+    merging = ("vote", 0.5) if levers else ("nms", 0.6)
+    assert (summary["merge"], summary["nms_thresh"]) == (torch_summary["merge"], torch_summary["nms_thresh"]) == merging
     rate, worst, total = match(torch_found, onnx_found)
     print(f"tta={tta}: {total} detections, match rate {rate:.4f}, max score difference {worst:.2e}")
     assert total >= 10 and rate >= 0.99 and worst <= 1e-3
     assert torch_summary["backend"] == "torch"
     assert (summary["backend"], summary["precision"], summary["images"], summary["tta"]) == ("onnx", "fp32", 3, tta)
     assert summary["score_thresh"] == pytest.approx(torch_summary["score_thresh"])
-    assert sorted(p.name for p in (in_workspace / f"onnx{tta}").rglob("*.png")) == ["img0.png", "img1.png", "img2.png"]
+    drawn = sorted(p.name for p in (in_workspace / f"onnx{tta}{levers}").rglob("*.png"))
+    assert drawn == ["img0.png", "img1.png", "img2.png"]
 
 
 def test_onnx_score_overrides_the_card(in_workspace, capsys):

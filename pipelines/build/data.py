@@ -86,7 +86,8 @@ def test_time_augmentation(p: Params, *, always: bool = False) -> TestTimeAugmen
     """The extra test-time views of ``p.evaluate``, or ``None`` when ``evaluate.tta`` is off (``always``:
     the views ``evaluate.tta_*`` describe, even then)."""
     evaluate = p.evaluate
-    return (TestTimeAugmentation(tuple(evaluate.tta_scales), evaluate.tta_max_size, evaluate.tta_flip)
+    return (TestTimeAugmentation(tuple(evaluate.tta_scales), evaluate.tta_max_size, evaluate.tta_flip,
+                                 evaluate.tta_source)
             if evaluate.tta or always else None)
 
 

@@ -115,6 +115,17 @@ def trained_detector(p: Params, model_file: Path, *, categories: list[dict] | No
     return model.to(device), how, int(state.get("iteration", 0))
 
 
+def use_evaluate(model: Detector, p: Params) -> Detector:
+    """``model`` post-processing as ``p.evaluate`` says, within each view and across the test-time views:
+    ``evaluate.nms_thresh`` (null: ``model.nms_thresh`` stays), ``merge`` and ``vote_thresh``
+    (:meth:`pipelines.model.Detector.postprocess_detections`). Returns ``model``."""
+    evaluate = p.evaluate
+    if evaluate.nms_thresh is not None:
+        model.nms_thresh = float(evaluate.nms_thresh)
+    model.merge, model.vote_thresh = evaluate.merge, float(evaluate.vote_thresh)
+    return model
+
+
 def fingerprint(p: Params, compute: Compute, *, data: str) -> str:
     """The resume fingerprint of a training run (:func:`pipelines.checkpoint.fingerprint`): the params that
     change the weights, the resolved precision and layout, ``data`` (the training data's hash) and the code."""

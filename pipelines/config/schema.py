@@ -152,8 +152,13 @@ class Evaluate:
     tta_scales: list[int] = MISSING  # shorter sides of the extra scales
     tta_max_size: int = MISSING
     tta_flip: bool = MISSING  # also flip each scale
+    tta_source: str = MISSING  # resized | decoded: the extra scales resized from the test-size or the decoded image
     backend: str = MISSING  # pycocotools | faster_coco_eval: the COCOeval that scores the detections
     bootstrap: int = MISSING  # image resamples of the val split for the AP intervals; 0 turns them off
+    # post-processing at test time (evaluate, export's card, predict): within a view and across the views
+    nms_thresh: Optional[float] = MISSING  # class-wise NMS IoU; null: model.nms_thresh
+    merge: str = MISSING  # nms | vote: kept boxes as they are, or moved by box voting (Detectron's BBOX_VOTE)
+    vote_thresh: float = MISSING  # merge vote: candidates of IoU >= this with a kept box vote on its coordinates
 
 
 @dataclass
@@ -222,6 +227,8 @@ OPTIMIZERS = ("sgd", "adamw")  # pipelines.solver.OPTIMIZERS
 LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
 EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS
 CLS_LOSSES = ("focal", "qfl")  # pipelines.scale_loss.CLS_LOSSES
+TTA_SOURCES = ("resized", "decoded")  # pipelines.data.transforms.TTA_SOURCES and pipelines.inference.tta.SOURCES
+MERGES = ("nms", "vote")  # pipelines.model.MERGES and pipelines.inference.postprocess.MERGES
 
 CHOICES = {
     "model.backbone": BACKBONES,
@@ -232,6 +239,8 @@ CHOICES = {
     "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": LR_SCHEDULES,
     "evaluate.backend": EVAL_BACKENDS,
+    "evaluate.merge": MERGES,
+    "evaluate.tta_source": TTA_SOURCES,
 }
 
 _Registry = TypeVar("_Registry", bound=Mapping)

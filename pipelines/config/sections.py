@@ -143,6 +143,9 @@ def check_evaluate(evaluate: Evaluate, require: Require) -> None:
             f">= the largest evaluate.tta_scales ({max(evaluate.tta_scales, default=0)})", evaluate.tta_max_size)
     require(0 <= evaluate.bootstrap <= MAX_RESAMPLES, "evaluate.bootstrap",
             f"a number of image resamples from 0 (no intervals) to {MAX_RESAMPLES}", evaluate.bootstrap)
+    require(evaluate.nms_thresh is None or 0 < evaluate.nms_thresh <= 1, "evaluate.nms_thresh",
+            "null (model.nms_thresh) or a value in (0, 1]", evaluate.nms_thresh)
+    require(0 < evaluate.vote_thresh <= 1, "evaluate.vote_thresh", "a value in (0, 1]", evaluate.vote_thresh)
 
 
 def check_tracking(tracking: Tracking, require: Require) -> None:

@@ -106,11 +106,18 @@ def build_transforms(*, min_sizes: Sequence[int], max_size: int, augment: Callab
     return Compose([ResizeShorterSide(min_sizes, max_size), *([augment] if augment is not None else [])])
 
 
+# evaluate.tta_source's names (config.CHOICES; pipelines.inference.tta.SOURCES is the numpy twin's)
+TTA_SOURCES = ("resized", "decoded")
+
+
 @dataclass(frozen=True)
 class TestTimeAugmentation:
     """The seed's BBOX_AUG: the test scale plus ``scales`` (shorter sides, longer at most
-    ``max_size``), each also flipped when ``flip``; detections merged by class-wise NMS."""
+    ``max_size``), each also flipped when ``flip``; detections merged by class-wise NMS. ``source``: the
+    extra scales are resized from the test-size image (``resized``) or from the decoded image
+    (``decoded``, :data:`TTA_SOURCES`)."""
 
     scales: tuple[int, ...] = ()
     max_size: int = 1333
     flip: bool = True
+    source: str = "resized"

@@ -7,8 +7,9 @@ and test-time augmentation code runs unchanged on any backend: ``backend(images,
 before padding; it returns one dict per image, ``boxes`` (``[K, 4]`` xyxy in that image's pixels),
 ``scores`` (``[K]``) and ``labels`` (``[K]``, indices into :attr:`Backend.categories`), at most
 ``detections_per_img`` of them, above ``score_thresh``, after class-wise NMS at ``nms_thresh``.
-``detect`` reads ``nms_thresh`` and ``detections_per_img`` to merge test-time views. This module imports
-no torch: a backend that does not need it (ONNX Runtime) implements the same interface.
+``detect`` reads ``nms_thresh``, ``merge``, ``vote_thresh`` and ``detections_per_img`` to merge test-time
+views. This module imports no torch: a backend that does not need it (ONNX Runtime) implements the same
+interface.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Backend(Protocol):
     precision: str  # what it computes in: fp32, bf16 or fp16
     score_thresh: float  # detections scoring at most this are dropped (settable)
     nms_thresh: float
+    merge: str  # nms | vote: how the boxes NMS keeps come out (evaluate.merge)
+    vote_thresh: float
     detections_per_img: int
 
     def __call__(self, images: Any, image_sizes: list[tuple[int, int]]) -> list[dict]: ...
@@ -36,7 +39,8 @@ class Backend(Protocol):
 def describe(backend: Backend) -> dict[str, Any]:
     """The backend's settings, as a run's summary records them."""
     return {"backend": backend.name, "precision": backend.precision, "score_thresh": backend.score_thresh,
-            "nms_thresh": backend.nms_thresh, "detections_per_img": backend.detections_per_img}
+            "nms_thresh": backend.nms_thresh, "merge": backend.merge, "vote_thresh": backend.vote_thresh,
+            "detections_per_img": backend.detections_per_img}
 
 
 def category_ids(backend: Backend) -> list[int]:

@@ -14,7 +14,9 @@ beside it (:data:`CARD_FILE`, the same JSON, for people and tools that do not op
 * the post-processing thresholds (``score_thresh``, ``nms_thresh``, ``topk_candidates``,
   ``detections_per_img``) and how the outputs are scored, ``cls_loss`` (the loss the model was trained with,
   ``model.cls_loss``: ``focal``, ``sqrt(sigmoid(cls) * sigmoid(centerness))``; ``qfl``, ``sigmoid(cls)``; a
-  card without it is ``focal``);
+  card without it is ``focal``), and how NMS's boxes come out (``merge``: ``nms`` or ``vote``, with
+  ``vote_thresh``; a card without them is ``nms``), as evaluation used them (``evaluate.nms_thresh``,
+  ``merge``, ``vote_thresh``);
 * how it was made (``exporter``, ``opset``, ``torch_version``; ``trained_precision``, the graph being
   fp32 whatever training used) and, where known, its provenance (``mlflow_run_id``, ``git_commit``,
   ``weights_md5``).
@@ -41,6 +43,7 @@ METADATA_KEY = "detector.card"  # the key of the card in the ONNX file's metadat
 CARD_FILE = "model.json"  # the card's name beside the ONNX file
 INPUT_NAME = "images"
 OUTPUT_KINDS = ("cls_logits", "bbox_regression", "bbox_ctrness")
+MERGES = ("nms", "vote")  # postprocess.MERGES (the card and the post-processing do not import each other)
 
 
 def output_names(levels: int) -> list[str]:
@@ -69,6 +72,8 @@ class ModelCard:
     torch_version: str
     trained_precision: str
     precision: str = "fp32"
+    merge: str = "nms"
+    vote_thresh: float = 0.8
     input_name: str = INPUT_NAME
     input_layout: str = "uint8 RGB NCHW, zero padded at the bottom and right"
     outputs: list[str] = field(default_factory=list)
@@ -125,7 +130,9 @@ class ModelCard:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(name, "a positive integer")
-        for name in ("score_thresh", "nms_thresh"):
+        if self.merge not in MERGES:
+            raise bad("merge", f"one of {', '.join(MERGES)}")
+        for name in ("score_thresh", "nms_thresh", "vote_thresh"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
                 raise bad(name, "a number from 0 to 1")

@@ -53,6 +53,7 @@ class OnnxBackend:
         self.score_thresh = float(self.card.score_thresh)
         self.nms_thresh = float(self.card.nms_thresh)
         self.detections_per_img = int(self.card.detections_per_img)
+        self.merge, self.vote_thresh = str(self.card.merge), float(self.card.vote_thresh)
         threads = detector.session.get_session_options().intra_op_num_threads
         self.compute = Compute(precision="fp32", channels_last=False,
                                reason=f"exported graph in ONNX Runtime on the CPU, {threads} threads")
@@ -60,7 +61,7 @@ class OnnxBackend:
     @property
     def thresholds(self) -> Thresholds:
         return Thresholds(self.score_thresh, self.nms_thresh, self.card.topk_candidates, self.detections_per_img,
-                          self.card.cls_loss)
+                          self.card.cls_loss, self.merge, self.vote_thresh)
 
     def eval(self) -> OnnxBackend:
         return self
@@ -75,7 +76,7 @@ class OnnxBackend:
         resized and padded by :mod:`.preprocess` as the card says, with ``tta``'s views (:mod:`.tta`)."""
         card, thresholds = self.card, self.thresholds
         pixels = [image.permute(1, 2, 0).numpy() for image in images]
-        views = Views(tuple(tta.scales), tta.max_size, tta.flip) if tta is not None else None
+        views = Views(tuple(tta.scales), tta.max_size, tta.flip, tta.source) if tta is not None else None
         found = detect_views(lambda batch, sizes: self.detector.detect(batch, sizes, thresholds=thresholds), pixels,
                              min_size=card.min_size_test, max_size=card.max_size_test,
                              size_divisibility=card.size_divisibility, thresholds=thresholds, views=views)

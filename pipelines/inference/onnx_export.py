@@ -104,6 +104,7 @@ def card_for(detector: Detector, *, categories: list[dict[str, Any]], min_size_t
         anchor_sizes=sizes,
         score_thresh=float(detector.score_thresh), nms_thresh=float(detector.nms_thresh),
         topk_candidates=int(detector.topk_candidates), detections_per_img=int(detector.detections_per_img),
+        merge=str(detector.merge), vote_thresh=float(detector.vote_thresh),
         exporter=EXPORTER, opset=int(opset), torch_version=torch.__version__.split("+")[0],
         trained_precision=_PRECISIONS.get(detector.autocast_dtype, "fp32"),
         outputs=output_names(len(sizes)), cls_loss=detector.head.cls_loss, **provenance,

@@ -12,6 +12,7 @@ This module imports neither torch nor torchvision (an import-linter contract hol
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,7 +81,7 @@ class OnnxDetector:
         """The post-processing settings of the model card."""
         card = self.card
         return Thresholds(card.score_thresh, card.nms_thresh, card.topk_candidates, card.detections_per_img,
-                          card.cls_loss)
+                          card.cls_loss, card.merge, card.vote_thresh)
 
     def network(self, images: np.ndarray) -> dict[str, list[np.ndarray]]:
         """The graph's outputs for a padded ``uint8 [N, 3, H, W]`` batch (H and W multiples of the size
@@ -122,8 +123,7 @@ class OnnxDetector:
                         size_divisibility=card.size_divisibility)
         thresholds = self.thresholds
         if score_thresh is not None:
-            thresholds = Thresholds(float(score_thresh), thresholds.nms_thresh, thresholds.topk_candidates,
-                                    thresholds.detections_per_img, thresholds.cls_loss)
+            thresholds = dataclasses.replace(thresholds, score_thresh=float(score_thresh))
         found = self.detect(batch.images, batch.image_sizes, thresholds=thresholds)
         return [d.scaled(ow / w, oh / h)
                 for d, (h, w), (oh, ow) in zip(found, batch.image_sizes, batch.orig_sizes)]

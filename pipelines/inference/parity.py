@@ -146,7 +146,7 @@ def measure(detector: Detector, runtime: OnnxDetector, loader, *, image_paths: d
     network = ExportedNetwork(detector)
     backend = OnnxBackend(runtime)
     card, thresholds = runtime.card, backend.thresholds
-    numpy_views = Views(tuple(tta.scales), tta.max_size, tta.flip)
+    numpy_views = Views(tuple(tta.scales), tta.max_size, tta.flip, tta.source)
     cpu = torch.device("cpu")
     worst, matched, total = 0.0, 0, 0
     found: dict[str, list[dict]] = {"torch": [], "onnx": [], "torch_tta": [], "onnx_tta": []}
@@ -165,9 +165,11 @@ def measure(detector: Detector, runtime: OnnxDetector, loader, *, image_paths: d
             height, width = batch.image_sizes[k]
             single = Batch(pad_images([batch.images[k][:, :height, :width]], size_divisibility), [(height, width)],
                            [batch.targets[k]], [batch.indices[k]])
+            originals = [loader.dataset.load(batch.indices[k])[0]] if tta.source == "decoded" else None
             for key, views in (("torch", None), ("torch_tta", tta)):
                 found[key] += _records([image_id], _as_numpy(detect(detector, single, device=cpu, tta=views,
-                                                                     size_divisibility=size_divisibility)),
+                                                                     size_divisibility=size_divisibility,
+                                                                     originals=originals)),
                                        category_ids)
             pixels = [decode(image_paths[image_id], max_pixels=card.max_image_pixels).pixels]
             for key, views in (("onnx", None), ("onnx_tta", numpy_views)):

@@ -6,9 +6,10 @@ per level, scores ``sqrt(sigmoid(cls) * sigmoid(centerness))``, those above ``sc
 best ``topk_candidates``, boxes decoded from the level's anchors (``BoxLinearCoder`` with
 ``normalize_by_size``) and clipped to the image; then over all levels class-wise NMS at
 ``nms_thresh`` (:func:`batched_nms`, as ``torchvision.ops.batched_nms`` computes it, ties included)
-and the best ``detections_per_img``. A model trained with the quality focal loss (``cls_loss`` ``qfl`` in
-:class:`Thresholds`, from the model card) is scored ``sigmoid(cls)``, the centerness unused, as
-:meth:`pipelines.model.Detector.postprocess_detections` scores it.
+and the best ``detections_per_img``; with ``merge`` ``vote``, their boxes then voted on by all the
+candidates (:func:`vote`, as :func:`pipelines.model.vote` computes it). A model trained with the quality
+focal loss (``cls_loss`` ``qfl`` in :class:`Thresholds`, from the model card) is scored ``sigmoid(cls)``,
+the centerness unused, as :meth:`pipelines.model.Detector.postprocess_detections` scores it.
 
 It computes less than that order suggests, with the same results: only the class logits that could pass
 ``score_thresh`` are scored (a cut on the raw logits first: :func:`_logit_floor`), only the chosen
@@ -45,18 +46,24 @@ _VANILLA_ABOVE = 4000
 _BLOCK = 128
 # How far below logit(score_thresh ** 2) a class logit is still scored (see _logit_floor).
 _LOGIT_MARGIN = 1e-3
+# evaluate.merge's names (config.MERGES; the torch twin is pipelines.model.merge)
+MERGES = ("nms", "vote")
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """FCOS's post-processing settings (``model.score_thresh`` etc., or the model card's); ``cls_loss``, how
-    the model scores (``focal``: with its centerness; ``qfl``: ``sigmoid(cls)``)."""
+    """FCOS's post-processing settings (``model.score_thresh`` etc., ``evaluate.nms_thresh``, ``merge`` and
+    ``vote_thresh``, or the model card's): ``merge`` ``nms`` keeps NMS's boxes as they are, ``vote`` votes on
+    them (:func:`merge`); ``cls_loss``, how the model scores (``focal``: with its centerness; ``qfl``:
+    ``sigmoid(cls)``)."""
 
     score_thresh: float
     nms_thresh: float
     topk_candidates: int
     detections_per_img: int
     cls_loss: str = "focal"
+    merge: str = "nms"
+    vote_thresh: float = 0.8
 
 
 @dataclass
@@ -219,6 +226,42 @@ def batched_nms(boxes: np.ndarray, scores: np.ndarray, idxs: np.ndarray, iou_thr
     return _greedy_nms(boxes + offsets[:, None], scores, iou_threshold, None, max_keep)
 
 
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``torchvision.ops.box_iou`` of float32 boxes ``a`` ``[N, 4]`` and ``b`` ``[M, 4]``: ``[N, M]``, in its
+    float32 arithmetic (0 / 0 for empty boxes gives NaN there too)."""
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    wh = np.clip(np.minimum(a[:, None, 2:], b[None, :, 2:]) - np.maximum(a[:, None, :2], b[None, :, :2]), 0, None)
+    inter = wh[..., 0] * wh[..., 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return inter / (area_a[:, None] + area_b[None] - inter)
+
+
+def vote(kept: np.ndarray, kept_labels: np.ndarray, boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, *,
+         thresh: float) -> np.ndarray:
+    """Box voting (Detectron's ``box_voting``, ``ID`` scoring), as :func:`pipelines.model.vote`: each ``kept``
+    box replaced by the ``scores``-weighted mean (in float64, then float32) of the candidate ``boxes`` of its
+    label whose IoU with it is at least ``thresh``; one that no candidate reaches stays as it is."""
+    if not len(kept) or not len(boxes):
+        return kept
+    with np.errstate(invalid="ignore"):  # compared in float32, as torch compares a float32 tensor with a number
+        reached = (box_iou(kept, boxes) >= np.float32(thresh)) & (kept_labels[:, None] == labels[None])
+    weights = reached * scores[None].astype(np.float64)
+    total = weights.sum(1, keepdims=True)
+    voted = (weights @ boxes.astype(np.float64)) / np.maximum(total, np.finfo(np.float64).tiny)
+    return np.where(total > 0, voted, kept).astype(np.float32)
+
+
+def merge(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, thresholds: Thresholds) -> Detections:
+    """One image's detections from its candidates: class-wise NMS at ``nms_thresh``, the best
+    ``detections_per_img``, voted on by all the candidates (:func:`vote`) when ``merge`` is ``vote``."""
+    keep = batched_nms(boxes, scores, labels, thresholds.nms_thresh, max_keep=thresholds.detections_per_img)
+    kept = boxes[keep]
+    if thresholds.merge == "vote":
+        kept = vote(kept, labels[keep], boxes, scores, labels, thresh=thresholds.vote_thresh)
+    return Detections(kept, scores[keep], labels[keep])
+
+
 def _logit_floor(score_thresh: float, centerness: bool = True) -> float | None:
     """A class logit at or below which no score passes ``score_thresh`` (None: no such cut): a score is
     ``sqrt(sigmoid(logit) * sigmoid(centerness))`` and ``sigmoid(centerness) <= 1``, so passing needs
@@ -308,6 +351,5 @@ def detections(cls_logits: Sequence[np.ndarray], bbox_regression: Sequence[np.nd
         boxes = boxes.astype(np.float32, copy=False)
         scores = np.concatenate(all_scores).astype(np.float32, copy=False)
         labels = np.concatenate(all_labels).astype(np.int64, copy=False)
-        keep = batched_nms(boxes, scores, labels, thresholds.nms_thresh, max_keep=thresholds.detections_per_img)
-        results.append(Detections(boxes[keep], scores[keep], labels[keep]))
+        results.append(merge(boxes, scores, labels, thresholds))
     return results

@@ -133,7 +133,7 @@ class Runner:
             resized, _ = self.settings.transforms(image, empty, SampleContext(rng=np.random.default_rng(0)))
             samples.append((resized, {"orig_size": torch.tensor(image.shape[-2:])}, index))
         return detect(self.backend, self.collate(samples), device=self.settings.device, tta=self.settings.tta,
-                      size_divisibility=self.settings.size_divisibility)
+                      size_divisibility=self.settings.size_divisibility, originals=images)
 
     def _images(self, pending: list[tuple[Input, torch.Tensor]]) -> None:
         if not pending:

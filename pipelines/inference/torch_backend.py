@@ -48,6 +48,14 @@ class TorchBackend:
         return float(self.detector.nms_thresh)
 
     @property
+    def merge(self) -> str:
+        return str(self.detector.merge)
+
+    @property
+    def vote_thresh(self) -> float:
+        return float(self.detector.vote_thresh)
+
+    @property
     def detections_per_img(self) -> int:
         return int(self.detector.detections_per_img)
 
@@ -67,7 +75,8 @@ def load(model_file: Path, *, device: torch.device, precision: str = "auto", par
     ``precision`` is one of :data:`pipelines.build.model.USE_PRECISIONS`: ``auto`` (this machine's choice:
     native bf16 or fp32, never emulated bf16), ``fp32``, or ``as-trained`` (stored in the file).
     ``params_file``: the params it was trained with; without, ``dvc.lock``'s train entry
-    (:func:`.trained_params.trained_params`). ``score_thresh``: instead of ``model.score_thresh``.
+    (:func:`.trained_params.trained_params`). ``score_thresh``: instead of ``model.score_thresh``. The
+    post-processing is evaluation's (``evaluate.nms_thresh``, ``merge``, ``vote_thresh``).
 
     Raises:
         CheckpointError: the file is missing or unreadable, or does not match the params' model section.
@@ -77,6 +86,7 @@ def load(model_file: Path, *, device: torch.device, precision: str = "auto", par
     p, source = trained_params(model_file, params_file=params_file)
     detector, compute, iteration = build_model.trained_detector(p, model_file, device=device, precision=precision,
                                                                 state=state, params_source=source)
+    build_model.use_evaluate(detector, p)
     backend = TorchBackend(detector, categories=state["categories"], compute=compute, iteration=iteration,
                            params_source=source)
     if score_thresh is not None:

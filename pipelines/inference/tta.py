@@ -2,10 +2,12 @@
 merged as evaluation merges them (:func:`pipelines.evaluation.detect` is the PyTorch original).
 
 The views of a batch of decoded images are: each image resized to the test size; mirrored, when ``flip``;
-and per extra scale, the test-size image resized again (shorter side to the scale, longer at most
-``max_size``, sizes computed from the original image), mirrored too when ``flip``. Each view's detections
+and per extra scale, the test-size image resized again (or the decoded image, with ``source``
+``decoded``; shorter side to the scale, longer at most ``max_size``, sizes computed from the original
+image), mirrored too when ``flip``. Each view's detections
 go back to original pixels; all of an image's are merged by class-wise NMS at the model's threshold,
-keeping its ``detections_per_img`` best.
+keeping its ``detections_per_img`` best, voted on by all the views' detections with ``merge`` ``vote``
+(:func:`.postprocess.merge`).
 
 This module imports neither torch nor torchvision (an import-linter contract holds it).
 """
@@ -18,20 +20,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..data.sizes import resized_size
-from .postprocess import Detections, Thresholds, batched_nms
+from .postprocess import Detections, Thresholds, merge
 from .preprocess import pad_batch, resize
 
+SOURCES = ("resized", "decoded")  # evaluate.tta_source's names (pipelines.data.transforms.TTA_SOURCES)
 Detect = Callable[[np.ndarray, list[tuple[int, int]]], list[Detections]]  # padded batch, sizes -> detections
 
 
 @dataclass(frozen=True)
 class Views:
     """The extra views: shorter sides ``scales`` (longer at most ``max_size``), each also mirrored when
-    ``flip`` (``evaluate.tta_scales``, ``tta_max_size``, ``tta_flip``)."""
+    ``flip``, resized from the test-size image or, with ``source`` ``decoded``, from the decoded image
+    (``evaluate.tta_scales``, ``tta_max_size``, ``tta_flip``, ``tta_source``)."""
 
     scales: tuple[int, ...] = ()
     max_size: int = 1333
     flip: bool = True
+    source: str = "resized"  # the extra scales from the test-size image, or from the decoded one (decoded)
 
 
 def _view(detect: Detect, images: list[np.ndarray], orig_sizes: list[tuple[int, int]], *, flip: bool,
@@ -62,8 +67,9 @@ def detect_views(detect: Detect, pixels: Sequence[np.ndarray], *, min_size: int,
         return all_views[0]
     if views.flip:
         all_views.append(_view(detect, images, orig_sizes, flip=True, size_divisibility=size_divisibility))
+    sources = pixels if views.source == "decoded" else images
     for scale in views.scales:
-        scaled = [resize(im, resized_size(h, w, scale, views.max_size)) for im, (h, w) in zip(images, orig_sizes)]
+        scaled = [resize(im, resized_size(h, w, scale, views.max_size)) for im, (h, w) in zip(sources, orig_sizes)]
         for flip in (False, True) if views.flip else (False,):
             all_views.append(_view(detect, scaled, orig_sizes, flip=flip, size_divisibility=size_divisibility))
     merged = []
@@ -71,6 +77,5 @@ def detect_views(detect: Detect, pixels: Sequence[np.ndarray], *, min_size: int,
         boxes = np.concatenate([d.boxes for d in per_image]).astype(np.float32, copy=False)
         scores = np.concatenate([d.scores for d in per_image]).astype(np.float32, copy=False)
         labels = np.concatenate([d.labels for d in per_image])
-        keep = batched_nms(boxes, scores, labels, thresholds.nms_thresh, max_keep=thresholds.detections_per_img)
-        merged.append(Detections(boxes[keep], scores[keep], labels[keep]))
+        merged.append(merge(boxes, scores, labels, thresholds))
     return merged
