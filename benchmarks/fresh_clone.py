@@ -148,7 +148,7 @@ def measure(workdir: Path, overrides: list[str], tests: str | None) -> dict:
         "source": {"commit": commit.strip(), "uncommitted_changes": bool(dirty.strip()), "overrides": overrides},
         "compute": report["compute"],
         "predicted_s": report["prediction_s"],
-        "pipeline": {**pipeline, "AP": metrics["AP"], "AP50": metrics["AP50"], "APs": metrics["APs"]},
+        "pipeline": {**pipeline, **{k: metrics[k] for k in ("AP", "AP50", "APs", "AP_low", "AP_high") if k in metrics}},
     }
     if tests:
         figures["tests"] = _timed_tests(repo, tests, env, workdir / "tests.log")
@@ -181,7 +181,9 @@ def table(figures: dict) -> str:
         startup = next((s for name, s in predicted.items() if name.startswith("start-up")), None)
         if startup is not None:
             lines.append(f"| start-up of the processes, DVC and MLflow | (in the stages' times) | {_minutes(startup)} | |")
-    lines.append(f"| AP (AP50, APs) on the val split | {pipeline['AP']:.3f} ({pipeline['AP50']:.3f}, "
+    interval = (f", 95% interval over the val images {pipeline['AP_low']:.3f}-{pipeline['AP_high']:.3f}"
+                if pipeline.get("AP_low") is not None else "")
+    lines.append(f"| AP (AP50, APs) on the val split, seed 0{interval} | {pipeline['AP']:.3f} ({pipeline['AP50']:.3f}, "
                  f"{pipeline['APs']:.3f}) | | |")
     lines.append(f"| the train stage's first line | {pipeline['first_line'] or '(none)'} | | |")
     if "tests" in figures:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import mlflow
@@ -101,3 +102,16 @@ def test_an_evaluation_only_candidate_is_scored_on_the_baselines_models_and_resu
     assert {k: again[k] for k in ("per_seed_delta", "ci95", "bootstrap95")} == \
         {k: f[k] for k in ("per_seed_delta", "ci95", "bootstrap95")}
     assert len(list((keep / "evaluations").iterdir())) == 4
+
+    # the default's figures over seeds reuse the same kept models and evaluations
+    from benchmarks import default_ap
+
+    before = sorted(p.name for p in keep.rglob("*"))
+    cli.run(default_ap.main, ["--baseline", "profile=ci", "--images", "0-7", "--seeds", "0-1", "--keep", str(keep),
+                              "--json"])
+    d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(p.name for p in keep.rglob("*")) == before  # nothing trained or evaluated again
+    assert [d["per_seed"][s]["AP"] for s in ("0", "1")] == [runs["baseline", s]["figures"]["AP"] for s in (0, 1)]
+    assert d["mean_AP"] == pytest.approx((d["per_seed"]["0"]["AP"] + d["per_seed"]["1"]["AP"]) / 2)
+    seed0 = keep / "models" / runs["baseline", 0]["model"] / "model.pth"
+    assert d["seed0_model_sha256"] == hashlib.sha256(seed0.read_bytes()).hexdigest()
