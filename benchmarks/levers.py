@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .compare import WORST_SEED
+
 RECORDS = Path(__file__).resolve().parent / "records"
 
 
@@ -35,15 +37,24 @@ def gather(records: Path = RECORDS) -> dict:
     return {"levers": rows}
 
 
+def screen(row: dict) -> str:
+    """A screen (fewer than 5 seeds, or not held to AVX2) decides nothing: a lever survives it with a positive
+    mean and no seed below the rule's worst (docs/results.md); a decision is the rule's verdict."""
+    if len(row["seeds"]) >= 5 and row["measured"].startswith("held to avx2"):
+        return f"decided: {row['verdict']}"
+    survives = row["mean_delta"] > 0 and min(row["per_seed_delta"].values()) >= WORST_SEED
+    return "screen: " + ("survives" if survives else "stops") + f" (rule at these seeds: {row['verdict']})"
+
+
 def table(figures: dict) -> str:
     lines = ["| lever | measured on | seeds | val images | mean ΔAP | t 95% interval | image bootstrap 95% | "
-             "ΔAP per seed | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+             "ΔAP per seed | outcome |", "|---|---|---|---|---|---|---|---|---|"]
     for r in figures["levers"]:
         per_seed = ", ".join(f"{d:+.3f}" for d in r["per_seed_delta"].values())
         lines.append(f"| `{' '.join(r['candidate'])}` | {r['measured']} | {len(r['seeds'])} | "
                      "{}-{} | ".format(*r["images"]) + f"{r['mean_delta']:+.4f} | [{r['ci95'][0]:+.4f}, "
                      f"{r['ci95'][1]:+.4f}] | [{r['bootstrap95'][0]:+.4f}, {r['bootstrap95'][1]:+.4f}] | {per_seed} | "
-                     f"{r['verdict']} |")
+                     f"{screen(r)} |")
     return "\n".join(lines)
 
 
