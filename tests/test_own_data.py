@@ -77,7 +77,11 @@ def test_the_documented_command_trains_on_data_outside_the_repository_and_watche
     categories = {r["item"] for r in json.loads((repo / "metrics" / "dataset.json").read_text())
                   if r["item"].startswith("train: boxes of ")}
     header = _dvc(repo, "metrics", "show").stdout.splitlines()[0].split()
-    coco = ["AP", "AP50", "AP75", "APl", "APm", "APs", "AR1", "AR10", "AR100", "ARl", "ARm", "ARs"]
+    from pipelines.ap_bootstrap import IOU_FIGURES, SUMMARY_FIGURES
+
+    # the 12 COCO figures, the 95% intervals of six of them and the AP per IoU threshold, as DVC sorts them
+    coco = sorted(["AP", "AP50", "AP75", "APl", "APm", "APs", "AR1", "AR10", "AR100", "ARl", "ARm", "ARs",
+                   *(f"{k}_{end}" for k in SUMMARY_FIGURES for end in ("low", "high")), *IOU_FIGURES])
     export = ["ap_onnx", "ap_onnx_tta", "ap_torch", "ap_torch_tta", "detections", "match_rate", "max_abs_diff"]
     assert len(categories) > 10  # and not one column per class: the 12 COCO figures, the export's and the run ids
     assert header == ["Path", *coco, *export, "mlflow_run_id", "mlflow_training_run_id", "val_fingerprint"]
