@@ -24,6 +24,7 @@ from torchvision.ops import FrozenBatchNorm2d, batched_nms, box_iou, clip_boxes_
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 from .config.backbones import weights_name
+from .assign import atss_matched_idxs
 from .config.schema import registry
 from .data.transforms import IMAGE_MEAN, IMAGE_STD
 from .errors import ConfigError
@@ -46,6 +47,9 @@ BACKBONES = registry("model.backbone", {  # a random ResNet body, given its norm
 # evaluate.merge: how the boxes NMS keeps come out (names in config.MERGES; the numpy twin is
 # pipelines.inference.postprocess.merge).
 MERGES = ("nms", "vote")
+# model.assigner: which locations train on which box (names in config.ASSIGNERS): fcos, torchvision's FCOS
+# assignment; atss, ATSS's adaptive training sample selection (pipelines.assign).
+ASSIGNERS = ("fcos", "atss")
 # The ResNet's stages from the top, as torchvision's ``trainable_backbone_layers`` counts them.
 STAGES = ("layer4", "layer3", "layer2", "layer1", "conv1")
 
@@ -170,6 +174,8 @@ class Detector(FCOS):
     ``labels`` (contiguous). ``cls_loss`` (``model.cls_loss``): ``focal``, FCOS's loss and scores; ``qfl``, the
     quality focal loss (:mod:`pipelines.scale_loss`) and scores ``sigmoid(cls)``, without centerness;
     ``centerness_weighted_giou`` and ``sync_num_pos``: the official FCOS's loss details (:mod:`pipelines.scale_loss`).
+    ``assigner`` (``model.assigner``): ``fcos``, torchvision's assignment of locations to boxes; ``atss``, ATSS's
+    (:mod:`pipelines.assign`), the rest of the loss unchanged.
     ``merge`` (``nms``, NMS's boxes as they are, or ``vote``: the kept boxes moved by :func:`vote` over the
     candidates before NMS) and ``vote_thresh`` are set where the model is used
     (:func:`pipelines.build.model.use_evaluate`), like ``nms_thresh``.
@@ -177,10 +183,13 @@ class Detector(FCOS):
 
     def __init__(self, backbone: nn.Module, num_classes: int, *, head_convs: int, precision: str = "fp32",
                  channels_last: bool = False, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
-                 sync_num_pos: bool = False, **fcos_kwargs):
+                 sync_num_pos: bool = False, assigner: str = "fcos", **fcos_kwargs):
+        if assigner not in ASSIGNERS:
+            raise ValueError(f"assigner: expected one of {', '.join(ASSIGNERS)}, got {assigner!r}")
         head = ScaleLossHead(backbone.out_channels, 1, num_classes, num_convs=head_convs, cls_loss=cls_loss,
                              centerness_weighted_giou=centerness_weighted_giou, sync_num_pos=sync_num_pos)
         super().__init__(backbone, num_classes, head=head, **fcos_kwargs)
+        self.assigner = assigner
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.channels_last = channels_last
         self.merge, self.vote_thresh = "nms", 0.8
@@ -211,6 +220,16 @@ class Detector(FCOS):
         split_outputs = {k: list(v.split(num_anchors_per_level, dim=1)) for k, v in head_outputs.items()}
         split_anchors = [list(a.split(num_anchors_per_level)) for a in anchors]
         return self.postprocess_detections(split_outputs, split_anchors, image_sizes)
+
+    def compute_loss(self, targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
+                     num_anchors_per_level: list[int]) -> dict[str, Tensor]:
+        """torchvision's (its assignment, unchanged) with ``assigner`` ``fcos``; with ``atss``, the head's loss
+        of ATSS's assignment (:func:`pipelines.assign.atss_matched_idxs`)."""
+        if self.assigner == "fcos":
+            return super().compute_loss(targets, head_outputs, anchors, num_anchors_per_level)
+        matched_idxs = [atss_matched_idxs(image_anchors, target["boxes"], num_anchors_per_level)
+                        for image_anchors, target in zip(anchors, targets)]
+        return self.head.compute_loss(targets, head_outputs, anchors, matched_idxs)
 
     def postprocess_detections(self, head_outputs: dict[str, list[Tensor]], anchors: list[list[Tensor]],
                                image_shapes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:
@@ -285,7 +304,7 @@ def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = 
                    head_convs: int = 2, precision: str = "fp32", channels_last: bool = False,
                    score_thresh: float = 0.05, nms_thresh: float = 0.6, detections_per_img: int = 100,
                    topk_candidates: int = 1000, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
-                   sync_num_pos: bool = False) -> Detector:
+                   sync_num_pos: bool = False, assigner: str = "fcos") -> Detector:
     """Build a :class:`Detector`: random weights, the ResNet's from ``backbone_weights`` if given
     (see :func:`build_backbone`; without them nothing is downloaded)."""
     return Detector(
@@ -298,6 +317,7 @@ def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = 
         cls_loss=cls_loss,
         centerness_weighted_giou=centerness_weighted_giou,
         sync_num_pos=sync_num_pos,
+        assigner=assigner,
         score_thresh=score_thresh,
         nms_thresh=nms_thresh,
         detections_per_img=detections_per_img,

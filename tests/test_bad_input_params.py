@@ -176,6 +176,7 @@ def test_every_name_validation_accepts_is_one_the_code_selects():
                   "model.precision": hardware.PRECISIONS, "augment.name": build_data.AUGMENTATIONS,
                   "train.optimizer": solver.OPTIMIZERS, "train.lr_schedule": solver.LR_SCHEDULES,
                   "evaluate.backend": evaluation.BACKENDS, "model.cls_loss": scale_loss.CLS_LOSSES,
+                  "model.assigner": model.ASSIGNERS,
                   "evaluate.merge": model.MERGES, "evaluate.tta_source": transforms.TTA_SOURCES}
     assert {key: tuple(names) for key, names in registries.items()} == CHOICES
     assert postprocess.MERGES == card.MERGES == model.MERGES  # the numpy twin's and the model card's

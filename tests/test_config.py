@@ -78,6 +78,7 @@ def _broken(raw: dict, dotted: str, value) -> dict:
         ("model.precision", "fp8", "model.precision: expected one of auto, bf16, fp16, fp32, got 'fp8'"),
         ("model.channels_last", "yes", "model.channels_last: expected auto, true or false, got 'yes'"),
         ("model.cls_loss", "dfl", "model.cls_loss: expected one of focal, qfl, got 'dfl'"),
+        ("model.assigner", "paa", "model.assigner: expected one of fcos, atss, got 'paa'"),
         ("augment.off_tail", 1.0, "augment.off_tail: expected a fraction of train.max_iter in [0, 1), got 1.0"),
         ("loader.padded_shape_grouping", "maybe", "loader.padded_shape_grouping: Value 'maybe' is not a valid bool"),
         ("launch.nodes", 0, "launch.nodes: expected at least 1 node, got 0"),

@@ -91,6 +91,9 @@ class Model:
     # positives' count (and that sum) averaged over the processes (all-reduced) rather than this process's
     centerness_weighted_giou: bool = MISSING
     sync_num_pos: bool = MISSING
+    # which locations train on which box: fcos, torchvision's FCOS (centre sampling, scale range per level);
+    # atss, ATSS's adaptive training sample selection (pipelines/assign.py)
+    assigner: str = MISSING
 
 
 @dataclass
@@ -229,12 +232,14 @@ EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACK
 CLS_LOSSES = ("focal", "qfl")  # pipelines.scale_loss.CLS_LOSSES
 TTA_SOURCES = ("resized", "decoded")  # pipelines.data.transforms.TTA_SOURCES and pipelines.inference.tta.SOURCES
 MERGES = ("nms", "vote")  # pipelines.model.MERGES and pipelines.inference.postprocess.MERGES
+ASSIGNERS = ("fcos", "atss")  # pipelines.model.ASSIGNERS
 
 CHOICES = {
     "model.backbone": BACKBONES,
     "model.norm": NORMS,
     "model.precision": PRECISIONS,
     "model.cls_loss": CLS_LOSSES,
+    "model.assigner": ASSIGNERS,
     "augment.name": AUGMENTATIONS,
     "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": LR_SCHEDULES,
