@@ -199,8 +199,9 @@ class Runner:
                 write_json(tmp / "seconds.json", {"train": seconds})
         return folder
 
-    def detections(self, raw: dict, data: Path, model: Path) -> tuple[list[dict], float]:
-        """The detections of ``model`` on the whole val split with ``raw``'s evaluate settings (kept)."""
+    def detections(self, raw: dict, data: Path, model: Path) -> tuple[list[dict], dict]:
+        """The detections of ``model`` on the whole val split with ``raw``'s evaluate settings (kept), and the
+        evaluation's wall time."""
         detecting = {k: v for k, v in raw["evaluate"].items() if k not in SCORING}
         key = digest([model.name, detecting, raw["dataset"]["val_size"]])
         folder = self.keep / "evaluations" / f"{key}-s{raw['seed']}"
@@ -355,17 +356,22 @@ def table(f: dict) -> str:
     return "\n".join(lines)
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, *, images: str) -> None:
+    """The arguments of what runs and where it is kept, shared with ``benchmarks.default_ap``."""
+    parser.add_argument("--baseline", action="append", default=[], metavar="OVERRIDE",
+                        help="a Hydra override of every run (e.g. profile=ci); none: the configuration in conf/")
+    parser.add_argument("--seeds", default="0-4", help="the seeds, e.g. 0-4 or 0,2,5 (default 0-4)")
+    parser.add_argument("--images", default=images, help=f"the val images scored, by index (default {images})")
+    parser.add_argument("--keep", type=Path, default=REPO / "outputs" / "compare",
+                        help="where models and detections are kept and found again (default outputs/compare)")
+    parser.add_argument("--hold", choices=[k for k in CLASSES if k != "native"], help="run the stages held to this class")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override of the candidate (repeat for several)")
-    parser.add_argument("--baseline", action="append", default=[], metavar="OVERRIDE",
-                        help="a Hydra override of both arms (e.g. profile=ci); none: the configuration in conf/")
-    parser.add_argument("--seeds", default="0-4", help="the seeds, e.g. 0-4 or 0,2,5 (default 0-4)")
-    parser.add_argument("--images", default="0-1023", help="the val images scored, by index (default 0-1023)")
-    parser.add_argument("--keep", type=Path, default=REPO / "outputs" / "compare",
-                        help="where models and detections are kept and found again (default outputs/compare)")
-    parser.add_argument("--hold", choices=[k for k in CLASSES if k != "native"], help="run the stages held to this class")
+    add_run_arguments(parser, images="0-1023")
     parser.add_argument("--saves-time", action="store_true", help="the candidate saves compute: adopt above -0.005")
     parser.add_argument("--resamples", type=int, default=1000, help="image bootstrap resamples (default 1000)")
     parser.add_argument("--name", help="the comparison's name (default: the -S overrides)")

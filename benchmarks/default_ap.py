@@ -17,14 +17,12 @@ import argparse
 import hashlib
 import json
 import statistics
-from pathlib import Path
 
 import numpy as np
 
 from pipelines import cli
 
-from .compare import REPO, Runner, compose, parse_images, parse_seeds, subset_ground_truth, t_interval
-from .precision import CLASSES
+from .compare import Runner, add_run_arguments, compose, parse_images, parse_seeds, subset_ground_truth, t_interval
 
 SHOWN = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
@@ -68,13 +66,7 @@ def table(f: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", action="append", default=[], metavar="OVERRIDE",
-                        help="a Hydra override (e.g. profile=ci); none: the configuration in conf/")
-    parser.add_argument("--seeds", default="0-4", help="the seeds (default 0-4)")
-    parser.add_argument("--images", default="1024-2047", help="the val images scored (default 1024-2047)")
-    parser.add_argument("--keep", type=Path, default=REPO / "outputs" / "compare",
-                        help="where models and detections are kept and found again (default outputs/compare)")
-    parser.add_argument("--hold", choices=[k for k in CLASSES if k != "native"], help="run the stages held to this class")
+    add_run_arguments(parser, images="1024-2047")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     figures = measure(args)

@@ -18,7 +18,7 @@ from pipelines.data.collate import pad_images
 from pipelines.errors import ConfigError
 from pipelines.scale_loss import SEARCH_BOUNDS
 
-from .conftest import set_dotted
+from .conftest import set_dotted, spy_on_head_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -123,23 +123,13 @@ def _detector(base_params: dict, **changes):
     return build_model.detector(p, num_classes=3, compute=build_model.compute(p, torch.device("cpu"))).train()
 
 
-def _spy(model) -> dict:
-    seen = {}
-    compute_loss = model.head.compute_loss
-
-    def spy(targets, head_outputs, anchors, matched_idxs):
-        seen.update(outputs=head_outputs, anchors=anchors, matched=matched_idxs)
-        return compute_loss(targets, head_outputs, anchors, matched_idxs)
-
-    model.head.compute_loss = spy
-    return seen
 
 
 def test_fcos_is_torchvisions_assignment_and_atss_another(base_params):
     batch = _batch()
     model = _detector(base_params)
     assert model.assigner == "fcos"
-    seen = _spy(model)
+    seen = spy_on_head_loss(model)
     losses = model(*batch)
     matched, outputs, anchors = seen["matched"], seen["outputs"], seen["anchors"]
     assert sum(LEVELS) == len(anchors[0])
@@ -157,7 +147,7 @@ def test_fcos_is_torchvisions_assignment_and_atss_another(base_params):
 
 def test_an_atss_detector_trains_with_finite_losses_and_scale_bins(base_params):
     model = _detector(base_params, **{"model.assigner": "atss"})
-    seen = _spy(model)
+    seen = spy_on_head_loss(model)
     model.head.measure_scales(SEARCH_BOUNDS)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = _batch()

@@ -163,11 +163,10 @@ def test_numpy_postprocessing_on_onnx_outputs_matches_pytorch(trained, runtime, 
     assert count >= 100 and rate >= 0.99
 
 
-@pytest.mark.parametrize("levers", LEVERS)
-def test_postprocessing_is_torchvisions_on_the_same_outputs(trained, levers):
-    """Fed the very same head outputs, the numpy post-processing gives torchvision's detections (scores
-    without ties: torchvision's top-k orders equal scores as its partial sort leaves them); with the levers
-    on, the detector's own post-processing (its candidates, NMS at ``nms_thresh``, box voting)."""
+def _head_outputs(trained):
+    """Random head outputs of two images padded to 256x352, the same every call: ``(padded, sizes, grids,
+    outputs, flat, split)``, with ``flat`` as the detector's post-processing takes them and ``split`` its
+    anchors per level."""
     generator = torch.Generator().manual_seed(4)
     padded, sizes = (256, 352), [(256, 340), (230, 352)]
     grids = [(32, 44), (16, 22), (8, 11), (4, 6), (2, 3)]
@@ -180,6 +179,15 @@ def test_postprocessing_is_torchvisions_on_the_same_outputs(trained, levers):
 
     anchors = trained.anchor_generator(ImageList(torch.empty(2, 3, *padded), sizes), features)
     split = [list(a.split([h * w for h, w in grids])) for a in anchors]
+    return padded, sizes, grids, outputs, flat, split
+
+
+@pytest.mark.parametrize("levers", LEVERS)
+def test_postprocessing_is_torchvisions_on_the_same_outputs(trained, levers):
+    """Fed the very same head outputs, the numpy post-processing gives torchvision's detections (scores
+    without ties: torchvision's top-k orders equal scores as its partial sort leaves them); with the levers
+    on, the detector's own post-processing (its candidates, NMS at ``nms_thresh``, box voting)."""
+    padded, sizes, grids, outputs, flat, split = _head_outputs(trained)
     thresholds = postprocess.Thresholds(trained.score_thresh, trained.nms_thresh, trained.topk_candidates,
                                         trained.detections_per_img)
     for level, (grid, stride) in enumerate(zip(grids, postprocess.level_strides(padded, grids))):
@@ -213,18 +221,7 @@ def test_postprocessing_scores_as_the_detector_for_either_loss(trained, cls_loss
     without ties: torchvision's top-k orders equal scores as its partial sort leaves them); with ``qfl``, the
     detector's own scores ``sigmoid(cls)``, which the centerness does not change."""
     monkeypatch.setattr(trained.head, "cls_loss", cls_loss)
-    generator = torch.Generator().manual_seed(4)
-    padded, sizes = (256, 352), [(256, 340), (230, 352)]
-    grids = [(32, 44), (16, 22), (8, 11), (4, 6), (2, 3)]
-    outputs = {"cls_logits": [torch.randn(2, h, w, 3, generator=generator) for h, w in grids],
-               "bbox_regression": [torch.rand(2, h, w, 4, generator=generator) * 3 for h, w in grids],
-               "bbox_ctrness": [torch.randn(2, h, w, 1, generator=generator) for h, w in grids]}
-    flat = {k: [t.reshape(2, -1, t.shape[-1]) for t in v] for k, v in outputs.items()}
-    features = [torch.empty(2, 1, h, w) for h, w in grids]
-    from torchvision.models.detection.image_list import ImageList
-
-    anchors = trained.anchor_generator(ImageList(torch.empty(2, 3, *padded), sizes), features)
-    split = [list(a.split([h * w for h, w in grids])) for a in anchors]
+    padded, sizes, grids, outputs, flat, split = _head_outputs(trained)
     thresholds = postprocess.Thresholds(trained.score_thresh, trained.nms_thresh, trained.topk_candidates,
                                         trained.detections_per_img, cls_loss)
     for level, (grid, stride) in enumerate(zip(grids, postprocess.level_strides(padded, grids))):

@@ -20,7 +20,7 @@ from pipelines.errors import ConfigError
 from pipelines.model import build_detector
 from pipelines.scale_loss import SEARCH_BOUNDS, paired_iou, quality_focal_loss
 
-from .conftest import set_dotted
+from .conftest import set_dotted, spy_on_head_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -125,19 +125,12 @@ def _qfl_model():
 
 def test_the_qfl_head_loss_is_qfl_over_positives_with_iou_targets_and_no_centerness():
     model = _qfl_model()
-    seen = {}
-    compute_loss = model.head.compute_loss
-
-    def spy(targets, head_outputs, anchors, matched_idxs):
-        seen.update(outputs=head_outputs, anchors=anchors, matched=matched_idxs)
-        return compute_loss(targets, head_outputs, anchors, matched_idxs)
-
-    model.head.compute_loss = spy
+    seen = spy_on_head_loss(model)
     model.head.measure_scales(SEARCH_BOUNDS)
     images, sizes, targets = _batch()
     losses = model(images, sizes, targets)
     # location by location, in float64: the target is the IoU of the decoded box at the matched class
-    classification = regression = 0.0
+    classification = 0.0
     positives = 0
     binned = 0.0
     for i, target in enumerate(targets):
@@ -206,14 +199,7 @@ def test_the_official_fcos_loss_details(monkeypatch):
         torch.testing.assert_close(synced[key], reference[key], rtol=1e-5, atol=1e-6)
 
     model = _focal_model(centerness_weighted_giou=True)
-    seen = {}
-    compute_loss = model.head.compute_loss
-
-    def spy(targets, head_outputs, anchors, matched_idxs):
-        seen.update(outputs=head_outputs, anchors=anchors, matched=matched_idxs)
-        return compute_loss(targets, head_outputs, anchors, matched_idxs)
-
-    model.head.compute_loss = spy
+    seen = spy_on_head_loss(model)
     weighted = model(*batch)
     torch.testing.assert_close(weighted["classification"], reference["classification"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(weighted["bbox_ctrness"], reference["bbox_ctrness"], rtol=1e-5, atol=1e-6)
