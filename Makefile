@@ -19,8 +19,10 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 
 install: $(VENV)/.installed
 
+# What DVC reads before any stage runs (its lock, params.yaml, dvc.yaml, every path it hashes) is checked
+# first, in one line per problem (docs/failures.md); plain `dvc repro` skips the check.
 pipeline: install
-	dvc repro
+	python -m pipelines.check && dvc repro
 
 # Two workers (pytest-xdist), each test file on one of them in order (the end-to-end files build on
 # their own earlier tests): about 1.5x faster than one on 2 cores. `pytest -n 0` runs them in one process.

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -20,17 +20,25 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .errors import STOP_SIGNALS, PipelineError, Stopped, clear_stops, first_line, raise_if_stopped, request_stop
+from .fileio import check_outputs
 
 DEBUG_ENV = "PIPELINES_DEBUG"
 LAUNCHED_ENV = "PIPELINES_LAUNCHED"  # the launcher's pid, set by pipelines.launch for the processes it starts
 
 
 def parse_args(description: str, argv: list[str] | None, *, params: bool = True, overrides: bool = False,
-               arguments: Callable[[argparse.ArgumentParser], None] | None = None, **paths: str) -> argparse.Namespace:
+               arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+               output_folders: Sequence[str] = (), output_files: Sequence[str] = (),
+               **paths: str) -> argparse.Namespace:
     """A stage's command line: ``--params`` (default ``params.yaml``), with ``overrides`` also ``--set
     KEY=VALUE`` (repeatable, applied over the file), and one required path option per keyword,
     ``--some-name`` for ``some_name``, whose value is its help text. ``arguments``, if given, adds a command's
-    own (positional ones, options with defaults) to the parser first."""
+    own (positional ones, options with defaults) to the parser first.
+
+    ``output_folders`` and ``output_files`` name the options (``out``, ``metrics``) that the stage writes:
+    before any work, the main process (rank 0) checks that each can be written where it goes
+    (:func:`~pipelines.fileio.check_outputs`), so that a read-only checkout, a full disk or a file in the
+    way of a folder is refused in one line (:class:`~pipelines.errors.OutputError`), not after the work."""
     parser = argparse.ArgumentParser(description=description)
     if arguments is not None:
         arguments(parser)
@@ -41,7 +49,11 @@ def parse_args(description: str, argv: list[str] | None, *, params: bool = True,
                             help="a param set over the file's (e.g. augment.name=flip); repeatable")
     for name, text in paths.items():
         parser.add_argument("--" + name.replace("_", "-"), type=Path, required=True, help=text)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if int(os.environ.get("RANK", "0")) == 0:  # the main process writes the outputs
+        check_outputs(folders=[getattr(args, name) for name in output_folders],
+                      files=[getattr(args, name) for name in output_files])
+    return args
 
 
 def setup_logging(rank: int = 0) -> None:

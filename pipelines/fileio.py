@@ -18,7 +18,7 @@ import secrets
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +247,62 @@ def check_writable(folder: str | Path, *, needed_bytes: int = 0) -> None:
     if free < needed_bytes:
         raise OutputError(f"{folder}: No space left on device for the outputs (about {needed_bytes / 2**20:.0f} MB "
                           f"needed, {free / 2**20:.0f} MB free)")
+
+
+_MIN_FREE = 1 << 20  # an output folder with less free space than this is full before the work starts
+
+
+def check_outputs(*, folders: Iterable[str | Path] = (), files: Iterable[str | Path] = ()) -> None:
+    """Check, before any work, that the output folders and files can be written where they go.
+
+    Each output is written beside itself (:func:`atomic_dir`, :func:`atomic_file`), in its parent folder,
+    which is made where missing: the parent's nearest existing ancestor must be a folder (not a file, not
+    a broken symlink) that takes a new file (not on a read-only filesystem, not denied) and has free space;
+    an output file must not exist as a folder. Nothing is left behind: the probe file is unnamed.
+
+    Raises:
+        OutputError: one line naming the folder or file and what was expected.
+    """
+    for path, is_file in [(Path(f), False) for f in folders] + [(Path(f), True) for f in files]:
+        if is_file and path.is_dir():
+            raise OutputError(f"{path}: a folder; expected a file to write (or nothing) there")
+        probe_folder(_existing_ancestor(path, path.parent), expected=f"a writable folder for {path}")
+
+
+def _existing_ancestor(path: Path, folder: Path) -> Path:
+    """The nearest folder at or above ``folder`` that exists, or an :class:`OutputError` at the first thing
+    in the way: a file, or a symlink to nothing."""
+    for name in [folder, *folder.parents]:
+        if name.is_dir():
+            return name
+        if name.is_symlink() and not name.exists():
+            raise OutputError(f"{name}: a broken symlink (to {os.readlink(name)}); expected a folder for {path}")
+        if name.exists():
+            raise OutputError(f"{name}: not a folder; expected a folder for {path}")
+    return Path(".")
+
+
+def probe_folder(folder: Path, *, expected: str = "a writable folder", min_free: int = _MIN_FREE) -> None:
+    """Check that ``folder`` takes a new file and has ``min_free`` bytes free, writing an unnamed probe file
+    (``O_TMPFILE`` where there is one); ``expected`` ends the message.
+
+    Raises:
+        OutputError: ``<folder>: cannot write there (Read-only file system); expected <expected>`` (or
+            ``Permission denied``, ...), ``<folder>: no space left on device (... free); expected ...``.
+    """
+    tail = f"; expected {expected}"
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0")
+            probe.flush()
+        free = shutil.disk_usage(folder).free
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OutputError(f"{folder}: no space left on device{tail}") from None
+        raise OutputError(f"{folder}: cannot write there ({err.strerror or err}){tail}") from None
+    if free < min_free:
+        raise OutputError(f"{folder}: no space left on device ({_human(free)} free){tail} with at least "
+                          f"{_human(min_free)} free")
 
 
 def remove_temporaries(*paths: str | Path) -> None:

@@ -19,7 +19,8 @@ log = logging.getLogger("cache")
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, params=False, prepared="output folder of the prepare stage",
+    args = cli.parse_args(__doc__, argv, params=False, output_folders=("out",),
+                          prepared="output folder of the prepare stage",
                           out="folder for the caches, one per split")
 
     manifest_path = args.prepared / "dataset.json"

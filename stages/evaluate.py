@@ -27,7 +27,9 @@ log = logging.getLogger("evaluate")
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, cache="annotation cache folder (val split inside)",
+    args = cli.parse_args(__doc__, argv, output_files=("run_file", "metrics", "per_category", "run_ids", "plots",
+                                                          "detections"),
+                          cache="annotation cache folder (val split inside)",
                           prepared="prepared dataset (val.json is the ground truth)",
                           model="model_final.pth of the train stage", train_run="run.json of the train stage",
                           run_file="this stage's MLflow run while it is open (for the launcher)",

@@ -33,7 +33,8 @@ log = logging.getLogger("export")
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, cache="annotation cache folder (val split inside)",
+    args = cli.parse_args(__doc__, argv, output_folders=("out",), output_files=("metrics",),
+                          cache="annotation cache folder (val split inside)",
                           prepared="prepared dataset (val.json is the ground truth)",
                           model="model_final.pth of the train stage", train_run="run.json of the train stage",
                           out="folder for model.onnx and model.json", metrics="the parity figures (JSON)")

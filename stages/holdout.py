@@ -14,7 +14,7 @@ log = logging.getLogger("holdout")
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, prepared="the prepare stage's output folder",
+    args = cli.parse_args(__doc__, argv, output_folders=("out",), prepared="the prepare stage's output folder",
                           out="folder for the search's prepared dataset (val: the held-out images)")
     s = load_params(args.params).search
     counts = write_holdout(args.prepared, args.out, fraction=s.heldout_fraction, seed=s.seed)

@@ -52,7 +52,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, params=False, arguments=_arguments,
+    args = cli.parse_args(__doc__, argv, params=False, arguments=_arguments, output_folders=("out",),
                           model="the model: a .pth, an exported .onnx, models:/detector@ALIAS, an MLflow model folder",
                           out="output folder (replaced when the run is complete)")
     _check(args)

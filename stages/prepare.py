@@ -25,7 +25,8 @@ SPLITS = ("train", "val")
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, out="folder for the prepared dataset",
+    args = cli.parse_args(__doc__, argv, output_folders=("out",), output_files=("metrics",),
+                          out="folder for the prepared dataset",
                           metrics="the dataset's counts (JSON rows for dvc plots)")
     dataset = load_params(args.params).dataset
 

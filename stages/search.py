@@ -33,7 +33,8 @@ EMPTY_BIN = 0.01  # a bin with a smaller share of the train boxes gets a warning
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, cache="the search's annotation caches (train, val: held out)",
+    args = cli.parse_args(__doc__, argv, output_folders=("out",), output_files=("policy", "metrics", "curve", "bins"),
+                          cache="the search's annotation caches (train, val: held out)",
                           prepared="the search's prepared dataset (val.json: the held-out ground truth)",
                           baseline="the baseline model the candidates fine-tune", out="the search's state folder",
                           policy="the best policy (JSON)", metrics="the best candidate's figures (JSON)",

@@ -29,7 +29,9 @@ RUN_ID_KEY = "mlflow_run_id"  # in every checkpoint: the MLflow run that wrote i
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, overrides=True, cache="annotation cache folder (train split inside)",
+    args = cli.parse_args(__doc__, argv, overrides=True, output_folders=("checkpoints",),
+                          output_files=("run_file", "model", "run", "train_log", "preview"),
+                          cache="annotation cache folder (train split inside)",
                           checkpoints="working folder: checkpoints, the lock, this run's outputs until it ends",
                           run_file="this stage's MLflow run while it is open (for the launcher)",
                           model="the final model", run="the training run's MLflow id (JSON)",
