@@ -295,7 +295,8 @@ def probe_folder(folder: Path, *, expected: str = "a writable folder", min_free:
         with tempfile.TemporaryFile(dir=folder) as probe:
             probe.write(b"\0")
             probe.flush()
-        free = shutil.disk_usage(folder).free
+        space = os.statvfs(folder)  # what is free to any user (f_bavail), as a stage's writes will find it
+        free = space.f_bavail * space.f_frsize
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OutputError(f"{folder}: no space left on device{tail}") from None

@@ -355,7 +355,8 @@ def test_denied_or_full_folders_files_and_links_in_the_way_are_named_before_the_
     with pytest.raises(OutputError, match=r"full: no space left on device; expected a writable folder for"):
         fileio.check_outputs(folders=[tmp_path / "full" / "x"])
 
-    monkeypatch.setattr(fileio.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+    full = os.statvfs_result((4096, 4096, 10**6, 10**6 - 1, 1, 10**6, 10**6, 10**6, 0, 255))  # one 4 KB block free
+    monkeypatch.setattr(fileio.os, "statvfs", lambda _: full)
     with pytest.raises(OutputError, match=r"no space left on device \(4\.0 KB free\); expected a writable folder for "
                                           r".*x with at least 1\.0 MB free$"):
         fileio.check_outputs(folders=[tmp_path / "x"])  # unnamed: a disk full before the work starts
