@@ -141,8 +141,11 @@ def process_state(pid: int) -> tuple[str, int, str] | None:
 
 def _same_program(recorded: str, running: str) -> bool:
     """Whether the command line ``running`` is the ``dvc`` command that DVC recorded as ``recorded`` (its
-    ``sys.argv``; the kernel's also names the interpreter first)."""
-    return bool(running) and (running == recorded or running.endswith(" " + recorded))
+    ``sys.argv``; the kernel's also names the interpreter first, and ``python -m dvc`` records the module's
+    file). In doubt, it is: a running dvc is never called stale."""
+    arguments = recorded.partition(" ")[2]
+    return bool(running) and (running == recorded or running.endswith(" " + recorded) or (
+        "dvc" in running and (not arguments or running.endswith(" " + arguments))))
 
 
 def read_stages(dvc_file: Path, params: dict[str, Any]) -> dict[str, list[tuple[str, str]]]:
