@@ -74,12 +74,17 @@ def _conversion(message: str) -> str:
 
 def elsewhere(key: str) -> str:
     """``; did you mean model.min_size_train?`` for an unknown dotted ``key`` whose last part is a key of another
-    section (``train.min_size_train``), else ``""``."""
+    section (``train.min_size_train``) or of the top level (``train.seed``: ``seed``), else ``""``. A key of another
+    dataset (``dataset.seed`` for coco) gets none here: the dataset's own hint names the preset."""
     section, _, name = key.rpartition(".")
-    sections = [(other, kind) for other, kind in typing.get_type_hints(Params).items() if dataclasses.is_dataclass(kind)]
+    hints = typing.get_type_hints(Params)
+    if section == "dataset" and any(name in {f.name for f in dataclasses.fields(d)} for d in DATASETS.values()):
+        return ""
+    found = [name] if name in hints and not dataclasses.is_dataclass(hints[name]) and name != "dataset" else []
+    sections = [(other, kind) for other, kind in hints.items() if dataclasses.is_dataclass(kind)]
     sections += [("dataset", preset) for preset in DATASETS.values()]
-    found = [f"{other}.{name}" for other, schema in sections
-             if other != section and name in {f.name for f in dataclasses.fields(schema)}]
+    found += [f"{other}.{name}" for other, schema in sections
+              if other != section and name in {f.name for f in dataclasses.fields(schema)}]
     return f"; did you mean {' or '.join(dict.fromkeys(found))}?" if found else ""
 
 
