@@ -89,25 +89,6 @@ def _not_in_conf(message: str, overrides: list[str], conf: Path) -> str:
     return f"override {setting!r}: no such key or config group in conf/{hint}"
 
 
-def _profile_hint(error: ConfigError, overrides: list[str]) -> str:
-    """For an unknown key that the chosen profile sets (``compose dataset=coco profile=ci``: the ci profile sets
-    the synthetic set's ``dataset.train_size``): which profile set it and the datasets it fits; else ""."""
-    chosen = [o.lstrip("+~").partition("=")[2] for o in overrides if o.lstrip("+~").startswith("profile=")]
-    found = re.search(r": (\w+)\.(\w+): unknown key", str(error))
-    if not chosen or not found:
-        return ""
-    profile = group_presets("profile", Path("conf").resolve()).get(chosen[-1], {})
-    section, name = found.groups()
-    if name not in (profile.get(section) or {}):
-        return ""
-    hint = f"; profile={chosen[-1]} sets {section}.{name} (conf/profile/{chosen[-1]}.yaml)"
-    if section == "dataset":
-        fits = [n for n, preset in group_presets("dataset", Path("conf").resolve()).items()
-                if set(profile["dataset"]) <= set(preset)]
-        hint += f": it is for dataset={' or '.join(fits)}" if fits else ": it fits no dataset of conf/dataset/"
-    return hint
-
-
 def _one_line(err: Exception) -> str:
     """Hydra's message in one line: its list of options joined, the search path and links left out."""
     parts: list[str] = []
@@ -143,10 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         params_from_text(text, source=str(args.out))
     else:
         text = compose_params(".", args.overrides)
-        try:
-            params_from_text(text, source=f"{args.out} (composed from conf/)")
-        except ConfigError as err:
-            raise ConfigError(f"{err}{_profile_hint(err, args.overrides)}") from None
+        params_from_text(text, source=f"{args.out} (composed from conf/)")
     try:
         with atomic_file(args.out) as tmp:
             tmp.write_text(text)

@@ -162,8 +162,8 @@ COMPOSED = "error: {out} (composed from conf/): "
 
 @pytest.mark.parametrize("overrides, expected", [
     (["dataset=coco", "profile=ci"], COMPOSED + "dataset.train_size: unknown key (expected one of: name, train_images, "
-     "train_annotations, val_images, val_annotations, max_image_pixels); profile=ci sets dataset.train_size "
-     "(conf/profile/ci.yaml): it is for dataset=synthetic"),
+     "train_annotations, val_images, val_annotations, max_image_pixels); profile=ci sets it (conf/profile/ci.yaml), a "
+     "profile for dataset=synthetic"),
     (["modle=fcos_r50"], "error: conf/: override 'modle=fcos_r50': no such key or config group in conf/; did you mean "
      "model=fcos_r50 (config groups: augment, dataset, model, profile, solver)?"),
     (["train.min_size_train=[128]"], "error: conf/: override 'train.min_size_train=[128]': no such key or config "
@@ -221,6 +221,21 @@ def test_params_hints_name_the_fields_own_bound_or_section(base_params, key, val
     fields = {name: ", ".join(f.name for f in dataclasses.fields(kind)) for name, kind in (("train", Train),
                                                                                            ("model", Model))}
     assert str(err.value) == "params.yaml: " + expected.format(**fields)
+
+
+def test_a_profile_key_on_another_dataset_names_the_profile_also_where_dvc_composed_it(base_params):
+    """``dvc exp run -S dataset=coco -S profile=ci`` composes params.yaml itself: the stage's validation says it."""
+    from pipelines.config.presets import group_presets
+
+    params = yaml.safe_load(yaml.safe_dump(base_params))
+    params["dataset"] = {**group_presets("dataset")["coco"], "train_size": 16, "val_size": 8}
+    with pytest.raises(ConfigError) as err:
+        params_from_dict(params, source="params.yaml")
+    assert str(err.value).endswith("; profile=ci sets it (conf/profile/ci.yaml), a profile for dataset=synthetic")
+    params["dataset"] = {**group_presets("dataset")["coco"], "num_classes": 5}  # no profile sets it: no hint
+    with pytest.raises(ConfigError) as err:
+        params_from_dict(params, source="params.yaml")
+    assert str(err.value).endswith("max_image_pixels)")
 
 
 def test_a_train_nproc_that_cannot_fit_is_refused_before_any_process_starts(tmp_path, capsys, monkeypatch,
