@@ -34,7 +34,7 @@ HOST = "expected an address or name of this machine (127.0.0.1; 0.0.0.0: all)"
 @pytest.mark.parametrize("server, args, expected", [
     (mlflow_server, ["--port", "70000"], "argument --port: expected a TCP port from 1 to 65535, got '70000'"),
     (s3_server, ["--port", "-5"], "argument --port: expected a TCP port from 1 to 65535, got '-5'"),
-    (s3_server, ["--port", "0"], "argument --port: expected a TCP port from 1 to 65535, got '0'"),  # weed: 60 s wait
+    (s3_server, ["--port", "0"], "argument --port: expected a TCP port from 1 to 65535, got '0'"),  # was: 60 s
     (mlflow_server, ["--port", "5e3"], "argument --port: expected a TCP port from 1 to 65535, got '5e3'"),
     (mlflow_server, ["--folder", "{file}"], "argument --folder: {file} is not a folder; expected a folder (made if "
                                             "missing)"),
@@ -284,10 +284,11 @@ def test_mlflows_file_store_is_named_as_the_setting_to_change(monkeypatch, uri):
     expected = (f"MLFLOW_TRACKING_URI={uri}: MLflow's file store is not supported here (MLflow keeps it in maintenance "
                 "mode); expected sqlite:///ABSOLUTE/PATH/mlflow.db, http(s)://HOST:PORT of a tracking server, or "
                 "nothing (the repository's mlflow.db)")
+    from pipelines.tracking.registry import Registry
     from pipelines.tracking.tracker import Tracker
 
     for start in (lambda: Tracker.start(experiment="detection", params={}), lambda: Tracker.resume("0" * 32),
-                  lambda: store.get_run("0" * 32)):
+                  lambda: store.get_run("0" * 32), lambda: Registry(create=True)):
         with pytest.raises(TrackingError) as err:
             start()
         assert str(err.value) == expected

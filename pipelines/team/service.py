@@ -94,7 +94,8 @@ def listen_host(text: str) -> str:
     except (socket.gaierror, UnicodeError):
         raise argparse.ArgumentTypeError(f"{text!r} does not resolve; {expected}") from None
     except OSError as err:
-        why = "is not an address of this machine" if err.errno == errno.EADDRNOTAVAIL else f"cannot be bound ({err.strerror})"
+        why = ("is not an address of this machine" if err.errno == errno.EADDRNOTAVAIL
+               else f"cannot be bound ({err.strerror})")
         raise argparse.ArgumentTypeError(f"{text!r} {why}; {expected}") from None
     return text
 
@@ -119,7 +120,8 @@ class _Parser(argparse.ArgumentParser):
 
 def parser(doc: str, *, actions: tuple[str, ...], folder: str, port: int, helps: dict[str, str]):
     """The shared command line: ACTION (default start), --folder, --host, --port, --detach; ``helps`` per option.
-    Each is checked as it is read (:func:`port_number`, :func:`listen_host`, :func:`folder_path`); a bad one is one line, exit 2."""
+    Each is checked as it is read (:func:`port_number`, :func:`listen_host`, :func:`folder_path`); a bad one is
+    one line, exit 2."""
     cli = _Parser(description=doc.splitlines()[0], epilog="docs/team.md")
     cli.add_argument("action", nargs="?", choices=("start", *actions), default="start", help=helps.get("action"))
     cli.add_argument("--folder", type=folder_path, default=Path(folder), help=helps["folder"])
