@@ -13,14 +13,20 @@ would lose (docs/team.md); then ``dvc repro`` re-runs what the change affects.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import re
 import tempfile
+import typing
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from . import cli
 from .config.load import params_from_text, with_overrides
+from .config.presets import group_presets
+from .config.schema import Params
+from .config.typed import elsewhere
 from .config.yamlio import parse_yaml, read_yaml_text
 from .errors import ConfigError, OutputError
 from .fileio import atomic_file
@@ -48,8 +54,39 @@ def compose_params(root: str | Path = ".", overrides: list[str] | None = None) -
         except (HydraException, OmegaConfBaseException) as err:
             override = getattr(err, "override", None)  # a malformed override names itself
             where = f"override {override!r}: " if isinstance(override, str) and override else ""
-            raise ConfigError(f"conf/: {where}{_one_line(err)}") from None
+            raise ConfigError(f"conf/: {where}{_not_in_conf(str(err), overrides or [], conf) or _one_line(err)}") \
+                from None
         return out.read_text()
+
+
+def _not_in_conf(message: str, overrides: list[str], conf: Path) -> str:
+    """Hydra's "Could not override 'modle'. To append to your config use +modle=..." (advice that only leads
+    to "unknown key") as what is wrong and the likely intent: a config group (``model=fcos_r50``), a key of
+    another section (``model.min_size_train``) or of the same one (``train.max_iter``); "" for other messages."""
+    found = re.match(r"Could not override '([^']+)'", message)
+    if not found:
+        return ""
+    key = found[1]
+    setting = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").partition("=")[0] == key), key)
+    value = setting.partition("=")[2]
+    section, _, name = key.rpartition(".")
+    sections = [f.name for f in dataclasses.fields(Params)]
+    if not section:
+        groups = sorted(p.name for p in conf.iterdir() if p.is_dir())
+        close = difflib.get_close_matches(key, groups, n=1)
+        hint = f"; did you mean {close[0]}={value} (config groups: {', '.join(groups)})?" if close else ""
+    elif section not in sections:
+        close = difflib.get_close_matches(section, sections, n=1)
+        hint = f"; did you mean {close[0]}.{name}={value}?" if close else ""
+    elif section == "dataset":
+        fits = [n for n, preset in group_presets("dataset", conf).items() if name in preset]
+        hint = f"; {key} is a key of dataset={' or '.join(fits)}" if fits else elsewhere(key)
+    else:
+        schema = typing.get_type_hints(Params)[section]
+        names = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+        hint = elsewhere(key) or (f"; did you mean {section}.{close[0]}={value}?" if close else "")
+    return f"override {setting!r}: no such key or config group in conf/{hint}"
 
 
 def _one_line(err: Exception) -> str:

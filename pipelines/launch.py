@@ -49,7 +49,7 @@ from pathlib import Path
 
 from . import cli, lifetime
 from .config.load import load_params
-from .errors import STOP_SIGNALS, Stopped
+from .errors import STOP_SIGNALS, ConfigError, Stopped
 from .tracking.run import close_run_file
 
 log = logging.getLogger("launch")
@@ -248,6 +248,44 @@ def _ignore_stop_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
+# The least memory one training process takes, with its share of the launcher (docs/hardware.md, "Memory per
+# process"): below every configuration measured, so that only a train.nproc that cannot fit is refused.
+PROCESS_MEMORY_MIB = 512
+
+
+def memory_bytes(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> int | None:
+    """This machine's memory (``MemTotal``), capped by this process's cgroup memory limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``); None where the kernel does not say."""
+    limits = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        total = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:"))
+        limits.append(int(total.split()[1]) * 1024)
+    with contextlib.suppress(OSError):
+        for line in proc.read_text().splitlines():
+            hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+            v2 = hierarchy == "0" and controllers == ""
+            if v2 or "memory" in controllers.split(","):
+                file = (root if v2 else root / "memory") / path.strip("/") / ("memory.max" if v2 else
+                                                                              "memory.limit_in_bytes")
+                with contextlib.suppress(OSError, ValueError):
+                    limits.append(int(file.read_text().strip()))  # "max": no limit, a ValueError
+    return min(limits) if limits else None
+
+
+def refuse_unfit(nproc: int, source: str, *, memory: int | None = None, cores: int | None = None) -> None:
+    """Raise ConfigError where ``train.nproc`` processes cannot fit in this node's memory even at
+    :data:`PROCESS_MEMORY_MIB` each. The rule is per node, as ``train.nproc`` is, and holds on GPUs too (a
+    process's host memory is no less there), so a run that fits is never refused."""
+    memory = memory_bytes() if memory is None else memory
+    if memory is None or nproc * PROCESS_MEMORY_MIB * 2**20 <= memory:
+        return
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    raise ConfigError(f"{source}: train.nproc: {nproc} processes need at least "
+                      f"{nproc * PROCESS_MEMORY_MIB / 1024:.1f} GiB of memory ({PROCESS_MEMORY_MIB} MiB each: "
+                      f"docs/hardware.md), this machine has {memory / 2**30:.1f} GiB and {cores} cores; expected at "
+                      f"most {memory // (PROCESS_MEMORY_MIB * 2**20)} processes ({cores}: one per core)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the parameters file (also passed to the module)")
@@ -263,6 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     for signum in STOP_SIGNALS:  # until torchrun's agent installs its own (which raise SignalException)
         signal.signal(signum, _raise_signalled)
     p = load_params(args.params)
+    refuse_unfit(p.train.nproc, args.params)
     passed_on = ["--params", args.params, *(["--run-file", args.run_file] if args.run_file else [])]
     sys.exit(launch(args.module, [*passed_on, *args.args], nproc=p.train.nproc,
                     nodes=1 if args.single_node else p.launch.nodes,

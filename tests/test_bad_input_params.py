@@ -41,7 +41,7 @@ def _with(changes: dict) -> Callable[[dict], None]:
 
 MODELS = "fcos_r50, fcos_r50_pretrained, fcos_small, fcos_tiny"
 TINY_NETWORK = "backbone resnet10, norm batchnorm, backbone_weights null, fpn_channels 64, head_convs 2"
-INT64 = "an integer from -2**63 to 2**63-1 (numpy and torch hold it as int64)"
+INT64 = "an integer at most 2**63-1 (numpy and torch hold it as int64)"  # below -2**63: the field's own bound
 SEED = "a seed from 0 to 2**64-1 (torch.manual_seed takes 64 bits)"
 
 NAMES_AND_NUMBERS = [
@@ -112,9 +112,13 @@ NAMES_AND_NUMBERS = [
     pytest.param(_with({"train.ims_per_batch": 2**64}),
                  f"{{params}}: train.ims_per_batch: expected {INT64}, got {2**64}", id="batch-2**64"),
     pytest.param(_with({"train.steps": [10, 10**40]}),
-                 f"{{params}}: train.steps[1]: expected {INT64}, got an integer of 41 digits", id="step-huge"),
+                 "{params}: train.steps: expected strictly increasing iterations between 0 and train.max_iter (800), "
+                 f"got [10, {10**40}]", id="step-huge"),
+    pytest.param(_with({"model.topk_candidates": 10**40}),
+                 f"{{params}}: model.topk_candidates: expected {INT64}, got an integer of 41 digits", id="topk-huge"),
     pytest.param(_with({"loader.num_workers": -(2**63) - 1}),
-                 f"{{params}}: loader.num_workers: expected {INT64}, got {-(2**63) - 1}", id="workers-below-int64"),
+                 f"{{params}}: loader.num_workers: expected an integer >= 0, got {-(2**63) - 1}",
+                 id="workers-below-int64"),
     pytest.param(_with({"model.min_size_test": 0}),
                  "{params}: model.min_size_test: expected a size from 1 to 65500 pixels, got 0", id="size-zero"),
     pytest.param(_with({"model.min_size_train": [256, -1]}),
@@ -234,7 +238,7 @@ def test_an_alias_bomb_in_conf_stops_compose_before_hydra_expands_it(tmp_path):
 
 # python -m pipelines.compose: one line, exit code 2, and the output file untouched
 @pytest.mark.parametrize("overrides, expected", [
-    (["bogus=1"], "error: conf/: Could not override 'bogus'; To append to your config use +bogus=1"),
+    (["bogus=1"], "error: conf/: override 'bogus=1': no such key or config group in conf/"),
     (["model=fcos_r5"], "error: conf/: In 'config': Could not find 'model/fcos_r5'; Available options in 'model': "
                         "fcos_r50, fcos_r50_pretrained, fcos_small, fcos_tiny"),
     (["train.steps=[1,"], "error: conf/: override 'train.steps=[1,': no viable alternative at input '[1,'"),

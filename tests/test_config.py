@@ -80,7 +80,7 @@ def _broken(raw: dict, dotted: str, value) -> dict:
         ("model.cls_loss", "dfl", "model.cls_loss: expected one of focal, qfl, got 'dfl'"),
         ("model.assigner", "paa", "model.assigner: expected one of fcos, atss, got 'paa'"),
         ("augment.off_tail", 1.0, "augment.off_tail: expected a fraction of train.max_iter in [0, 1), got 1.0"),
-        ("loader.padded_shape_grouping", "maybe", "loader.padded_shape_grouping: Value 'maybe' is not a valid bool"),
+        ("loader.padded_shape_grouping", "maybe", "loader.padded_shape_grouping: expected true or false, got 'maybe'"),
         ("launch.nodes", 0, "launch.nodes: expected at least 1 node, got 0"),
         ("launch.max_restarts", -1, "launch.max_restarts: expected an integer >= 0, got -1"),
         ("launch.port", 1, "launch.port: unknown key (expected one of: nodes, rdzv_endpoint, rdzv_id, max_restarts)"),

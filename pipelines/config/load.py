@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,9 +86,24 @@ def params_from_dict(raw: dict, *, source: str = "params", world_size: int | Non
         params.dataset = typed(DATASETS[name], dataset_raw, source, prefix="dataset.")
     except ConfigError as err:  # another preset's whole section under this name: `-S dataset.name=coco`
         others = [n for n, preset in group_presets("dataset").items() if n != name and set(preset) == set(dataset_raw)]
-        raise ConfigError(f"{err}{group_hint('dataset', name)}" if others else str(err)) from None
+        raise ConfigError(f"{err}{group_hint('dataset', name)}" if others else f"{err}{_profile_hint(err)}") from None
     check_values(params, source, world_size)
     return params
+
+
+def _profile_hint(err: ConfigError) -> str:
+    """For an unknown ``dataset.KEY`` that a profile of ``conf/profile/`` sets (``dvc exp run -S dataset=coco -S
+    profile=ci``: the ci profile sets the synthetic set's ``dataset.train_size``): the profile and the datasets
+    it is for; else ""."""
+    found = re.search(r": dataset\.(\w+): unknown key", str(err))
+    profiles = [(n, p["dataset"]) for n, p in group_presets("profile").items() if isinstance(p.get("dataset"), dict)]
+    setting = [(n, keys) for n, keys in profiles if found and found[1] in keys]
+    if not setting:
+        return ""
+    profile, keys = setting[0]
+    fits = [n for n, preset in group_presets("dataset").items() if set(keys) <= set(preset)]
+    return (f"; profile={profile} sets it (conf/profile/{profile}.yaml), a profile for "
+            f"{' or '.join(f'dataset={n}' for n in fits) or 'no dataset of conf/dataset/'}")
 
 
 def read_policy_file(p: Params, source: str = "params.yaml") -> Params:

@@ -40,7 +40,22 @@ def check_values(p: Params, source: str, world_size: int | None) -> None:
             raise ConfigError(f"{source}: {key}: expected {expected}, got {show(value)}")
 
     _check_names(p, source)
-    _check_numbers(p, require)
+    beyond_int64 = _check_numbers(p, require)
+    try:
+        _check_sections(p, source, world_size, require)
+    except ConfigError:
+        raise  # a field's own bound (train.max_iter: "at least 1 iteration") names what matters for it
+    except Exception:  # a value beyond int64 that a check cannot compute with
+        if not beyond_int64:
+            raise
+    if beyond_int64:
+        key, value = beyond_int64[0]
+        require(False, key, f"an integer {'at most 2**63-1' if value > 0 else 'at least -2**63'} (numpy and torch "
+                "hold it as int64)", value)
+
+
+def _check_sections(p: Params, source: str, world_size: int | None, require: Require) -> None:
+    """Each section's own values, then the rules across sections."""
     require(p.seed >= 0, "seed", "an integer >= 0", p.seed)
     if isinstance(p.dataset, SyntheticDataset):
         sections.check_synthetic(p.dataset, require)
@@ -115,20 +130,23 @@ def _numbers(value: Any, key: str) -> Iterator[tuple[str, Any]]:
         yield key, value
 
 
-def _check_numbers(p: Params, require: Require) -> None:
-    """Every number fits where it goes, whatever its field: floats are finite, seeds are 0..2**64-1,
-    other integers int64, image sides 1..:data:`MAX_SIDE` pixels."""
+def _check_numbers(p: Params, require: Require) -> list[tuple[str, int]]:
+    """Every number fits where it goes, whatever its field: floats are finite, seeds are 0..2**64-1, image
+    sides 1..:data:`MAX_SIDE` pixels. Other integers must be int64: those beyond are returned, ``(key, value)``,
+    for the caller to refuse after the field's own checks, so that the message names the bound that matters
+    for the field (``train.max_iter: -10**20`` is "at least 1 iteration", as -5 is)."""
+    beyond = []
     for key, value in _numbers(p, ""):
         field_key = key.split("[")[0]
         if isinstance(value, float):
             require(math.isfinite(value), key, "a finite number", value)
         elif field_key in SEED_KEYS:
             require(0 <= value <= SEED_MAX, key, "a seed from 0 to 2**64-1 (torch.manual_seed takes 64 bits)", value)
-        else:
-            require(INT64_MIN <= value <= INT64_MAX, key, "an integer from -2**63 to 2**63-1 (numpy and torch hold "
-                    "it as int64)", value)
-            if field_key in PIXEL_SIZE_KEYS:
-                require(1 <= value <= MAX_SIDE, key, f"a size from 1 to {MAX_SIDE} pixels", value)
+        elif field_key in PIXEL_SIZE_KEYS:
+            require(1 <= value <= MAX_SIDE, key, f"a size from 1 to {MAX_SIDE} pixels", value)
+        elif not INT64_MIN <= value <= INT64_MAX:
+            beyond.append((key, value))
+    return beyond
 
 
 # --- across sections -------------------------------------------------------------------------------------------

@@ -142,8 +142,14 @@ class Cluster:
             return running
         port = port or free_port(self.host)
         options = f"-p {port} -c listen_addresses={self.host} -c unix_socket_directories='{self.data}'"
-        _run(_as_owner([pg_command("pg_ctl"), "-D", str(self.data), "-l", str(self.data / "server.log"), "-w",
-                        "-t", "60", "-o", options, "start"]), f"starting PostgreSQL (log: {self.data / 'server.log'})")
+        log = self.data / "server.log"
+        offset = service.log_size(log)
+        try:
+            _run(_as_owner([pg_command("pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "-t", "60", "-o",
+                            options, "start"]), f"starting PostgreSQL (log: {log})")
+        except ServerError as err:  # pg_ctl says "Examine the log output.": the cause is in the log
+            why = service.cause_since(log, offset)
+            raise (ServerError(f"PostgreSQL did not start on port {port}: {why} (log: {log})") if why else err) from None
         return port
 
     def stop(self) -> None:
@@ -307,7 +313,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         if auth:
             command += ["--app-name", "basic-auth"]
         url = f"http://{host}:{port}"
-        process = TRACKING.spawn(command, folder=folder, env=env, ready=lambda: _healthy(url), cause=True,
+        process = TRACKING.spawn(command, folder=folder, env=env, ready=lambda: _healthy(url),
                                  unready=f"mlflow server did not answer {url}/health", timeout=READY_TIMEOUT)
         _warm_up(url, (ADMIN, env["MLFLOW_AUTH_ADMIN_PASSWORD"]) if auth else None)
     except BaseException:

@@ -8,8 +8,11 @@ that stopping it ends everything it started.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -71,15 +74,99 @@ def program(name: str) -> str | None:
     return str(local) if local.is_file() else shutil.which(name)
 
 
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 1 to 65535 (argparse type)."""
+    value = int(text) if re.fullmatch(r"[+-]?\d{1,6}", text.strip()) else None
+    if value is None or not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}")
+    return value
+
+
+def listen_host(text: str) -> str:
+    """``--host``: a name or address of this machine that a server can listen on (argparse type): bound once to
+    a free port, so that a name that does not resolve or an address of another machine stops here."""
+    expected = "expected an address or name of this machine (127.0.0.1; 0.0.0.0: all)"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(text, 0, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.bind(address)
+    except (socket.gaierror, UnicodeError):
+        raise argparse.ArgumentTypeError(f"{text!r} does not resolve; {expected}") from None
+    except OSError as err:
+        why = ("is not an address of this machine" if err.errno == errno.EADDRNOTAVAIL
+               else f"cannot be bound ({err.strerror})")
+        raise argparse.ArgumentTypeError(f"{text!r} {why}; {expected}") from None
+    return text
+
+
+def folder_path(text: str) -> Path:
+    """``--folder``: a folder, made at start if missing, so neither it nor a parent may be another kind of file
+    (argparse type)."""
+    path = Path(text)
+    for above in (path, *path.parents):
+        if above.exists() or above.is_symlink():
+            if not above.is_dir():
+                raise argparse.ArgumentTypeError(f"{'' if above == path else f'{text}: '}{above} is not a folder; "
+                                                 "expected a folder (made if missing)")
+            break
+    return path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, as every error here, instead of argparse's usage block
+        self.exit(2, f"error: {message} (--help for usage)\n")
+
+
 def parser(doc: str, *, actions: tuple[str, ...], folder: str, port: int, helps: dict[str, str]):
-    """The shared command line: ACTION (default start), --folder, --host, --port, --detach; ``helps`` per option."""
-    cli = argparse.ArgumentParser(description=doc.splitlines()[0], epilog="docs/team.md")
+    """The shared command line: ACTION (default start), --folder, --host, --port, --detach; ``helps`` per option.
+    Each is checked as it is read (:func:`port_number`, :func:`listen_host`, :func:`folder_path`); a bad one is
+    one line, exit 2."""
+    cli = _Parser(description=doc.splitlines()[0], epilog="docs/team.md")
     cli.add_argument("action", nargs="?", choices=("start", *actions), default="start", help=helps.get("action"))
-    cli.add_argument("--folder", type=Path, default=Path(folder), help=helps["folder"])
-    cli.add_argument("--host", default="127.0.0.1", help=helps["host"])
-    cli.add_argument("--port", type=int, default=port, help=helps.get("port"))
+    cli.add_argument("--folder", type=folder_path, default=Path(folder), help=helps["folder"])
+    cli.add_argument("--host", type=listen_host, default="127.0.0.1", help=helps["host"])
+    cli.add_argument("--port", type=port_number, default=port, help=helps.get("port"))
     cli.add_argument("--detach", action="store_true", help="start it in the background and return")
     return cli
+
+
+# glog's prefix (SeaweedFS): severity, date, time, [thread id], file:line, [']']
+_GLOG = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+(?:\d+\s+)?[\w.-]+:\d+\]?\s+(.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def log_cause(text: str) -> str:
+    """The line of a server's log that says why it stopped: the first that names an address in use, else the
+    first error of glog (SeaweedFS: ``E1205 ... mini.go:1244 Port allocation failed: ...``, its prefix dropped),
+    else the first PostgreSQL ``FATAL:``/``PANIC:``, else the last Python ``...Error:``/``...Exception:``, else the
+    last line; "" for an empty log."""
+    lines = [_ANSI.sub("", line).strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and any(c.isalnum() for c in line)]
+    message = [(m[2] if (m := _GLOG.match(line)) else line) for line in lines]
+    tests = (lambda i: "address already in use" in lines[i].lower(),
+             lambda i: (m := _GLOG.match(lines[i])) is not None and m[1] in "EF",
+             lambda i: re.search(r"\b(FATAL|PANIC):", lines[i]) is not None)
+    for test in tests:
+        if found := [i for i in range(len(lines)) if test(i)]:
+            return message[found[0]]
+    python = [line for line in message if "Error:" in line or "Exception:" in line]
+    return (python or message or [""])[-1]
+
+
+def log_size(log: Path) -> int:
+    """Where the next start's lines will begin in ``log`` (a log keeps earlier starts' lines)."""
+    return log.stat().st_size if log.is_file() else 0
+
+
+def cause_since(log: Path, offset: int) -> str:
+    """:func:`log_cause` of what ``log`` holds past ``offset`` (one start's lines); "" without it."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            return log_cause(f.read().decode(errors="replace"))
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -100,21 +187,21 @@ class Service:
                              f"stop it first: python -m {self.module} stop --folder {folder}")
 
     def spawn(self, command: list[str], *, folder: Path, env: dict, ready: Callable[[], bool], unready: str,
-              timeout: float, cause: bool = False) -> subprocess.Popen:
+              timeout: float) -> subprocess.Popen:
         """Start ``command`` in ``folder``, its output in ``server.log``, and wait until ``ready()``. Raises if it
-        exits first (with ``cause``, quoting the log's last error) or is not ready within ``timeout`` s (it is
-        then ended; the message begins with ``unready``)."""
+        exits first (quoting why from what this start added to the log: :func:`log_cause`) or is not ready
+        within ``timeout`` s (it is then ended; the message begins with ``unready``)."""
         log = folder / LOG
+        start = log_size(log)
         with open(log, "ab") as out:
             process = subprocess.Popen(command, env=env, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
         while not ready():
             if process.poll() is not None:
-                lines = log.read_text(errors="replace").strip().splitlines() or [""]
-                last = [line for line in lines if "Error:" in line or "Exception:" in line][-1:] or lines[-1:]
-                why = f": {last[0].strip()}" if cause else ""
-                raise self.error(f"{self.program} exited with {process.returncode}{why} (log: {log})")
+                why = cause_since(log, start)
+                raise self.error(f"{self.program} exited with {process.returncode}{': ' + why if why else ''} "
+                                 f"(log: {log})")
             if time.monotonic() > deadline:
                 end_group(process.pid, grace_s=STOP_TIMEOUT)
                 raise self.error(f"{unready} within {timeout:.0f} s (log: {log})")

@@ -56,6 +56,7 @@ class Registry:
 
     def __init__(self, uri: str | None = None, *, create: bool = False):
         self.uri = uri or store.tracking_uri()
+        store.refuse_file_store(self.uri)
         if not create and self.uri.startswith("sqlite:///") and not Path(self.uri[len("sqlite:///"):]).is_file():
             raise TrackingError(f"MLflow store {self.uri}: no such database (no model has been registered here)")
         try:

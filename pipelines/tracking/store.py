@@ -108,6 +108,16 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
 
 
+def refuse_file_store(uri: str) -> None:
+    """Raise :class:`TrackingError` for MLflow's file store (``file:`` or a plain path, which MLflow reads as
+    one): MLflow keeps it in maintenance mode and refuses new runs with a message that names no setting, so
+    a stage would run untracked. Every other URI is left to MLflow."""
+    if uri.lower().startswith("file:") or not re.match(r"[A-Za-z][\w+.-]*://", uri):
+        raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: MLflow's file store is not supported here (MLflow keeps "
+                            "it in maintenance mode); expected sqlite:///ABSOLUTE/PATH/mlflow.db, "
+                            "http(s)://HOST:PORT of a tracking server, or nothing (the repository's mlflow.db)")
+
+
 def artifact_location(experiment: str, uri: str | None = None) -> str | None:
     """Where a new experiment's artifacts go: ``<repository root>/mlartifacts/<experiment>`` for a store on
     this machine (SQLite), None for a tracking server, which then keeps (and serves) them itself, so that
@@ -328,6 +338,7 @@ def close_run(run_id: str, status: str, *, uri: str | None = None) -> bool:
 def _read(uri: str | None, what: Callable[[Any], Any]) -> Any:
     """``what(client)`` within the bounds of the module docstring; a :class:`TrackingError` on store problems."""
     uri = uri or tracking_uri()
+    refuse_file_store(uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         raise TrackingError(f"MLflow store {uri}: no such database (no run has been recorded here)")
     try:

@@ -153,9 +153,11 @@ class Tracker:
         Raises:
             TrackingError: the store refused the credentials (HTTP 401 or 403): the one store failure that
                 stops the stage, at its start, since running untracked under a wrong identity would lose
-                the team's record silently.
+                the team's record silently; likewise ``MLFLOW_TRACKING_URI`` naming MLflow's file store
+                (:func:`store.refuse_file_store`).
         """
         tracker = cls()
+        store.refuse_file_store(tracker.uri)
         all_tags = {**lineage.environment_tags(store.repo_root()), **(tags or {})}
         name = run_name or os.environ.get("DVC_EXP_NAME")
         try:
@@ -210,6 +212,7 @@ class Tracker:
         A run the store does not have: an offline tracker with ``run_id`` None and one warning. A store
         that fails: the tracker keeps ``run_id``, goes offline and :meth:`finish` retries what was logged."""
         tracker = cls(run_id)
+        store.refuse_file_store(tracker.uri)
         reopen = _Op(_Kind.REOPEN, (), count=0)
         tracker._kept.append(reopen)  # kept in order, so that a late RUNNING never follows the final status
         try:
