@@ -42,6 +42,7 @@ def check_values(p: Params, source: str, world_size: int | None) -> None:
     _check_names(p, source)
     _check_numbers(p, require)
     require(p.seed >= 0, "seed", "an integer >= 0", p.seed)
+    sections.check_dataset(p.dataset, require)
     if isinstance(p.dataset, SyntheticDataset):
         sections.check_synthetic(p.dataset, require)
     sections.check_model(p.model, require)
