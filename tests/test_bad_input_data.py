@@ -79,31 +79,36 @@ def test_a_clean_dataset_prepares_without_a_warning(data, capsys):
 
 
 def test_val_with_other_categories_is_refused_at_prepare(data, capsys):
-    assert refused(data, capsys, lambda d: d.val["categories"].append({"id": 5, "name": "bird"})) == (f"{data.val_json}: category id 5 ('bird') is not in the train split; expected "
-                                     f"the categories of {data.train_json} (the model learns them; evaluate scores them)")
+    line = refused(data, capsys, lambda d: d.val["categories"].append({"id": 5, "name": "bird"}))
+    assert line == (f"{data.val_json}: category id 5 ('bird') is not in the train split; expected the categories of "
+                    f"{data.train_json} (the model learns them; evaluate scores them)")
 
 
 def test_val_without_a_category_of_train_is_refused(data, capsys):
     def change(d):
         d.val["categories"].pop()
         d.val["annotations"] = [a for a in d.val["annotations"] if a["category_id"] == 1]
-    assert refused(data, capsys, change).startswith(f"{data.val_json}: no category id 3 ('dog'); expected the categories of")
+    line = refused(data, capsys, change)
+    assert line.startswith(f"{data.val_json}: no category id 3 ('dog'); expected the categories of")
 
 
 def test_the_same_category_id_under_another_name_is_refused(data, capsys):
-    assert refused(data, capsys, lambda d: d.val["categories"][1].update(name="wolf")).startswith(f"{data.val_json}: category id 3 is 'wolf', but 'dog' in the train split")
+    line = refused(data, capsys, lambda d: d.val["categories"][1].update(name="wolf"))
+    assert line.startswith(f"{data.val_json}: category id 3 is 'wolf', but 'dog' in the train split")
 
 
 def test_a_val_split_without_annotations_is_refused(data, capsys):
-    assert refused(data, capsys, lambda d: d.val.update(annotations=[])) == (f"{data.val_json}: no box to evaluate against (0 annotations: 0 crowd, 0 "
-                                     "rejected); expected boxes of the train split's categories")
+    line = refused(data, capsys, lambda d: d.val.update(annotations=[]))
+    assert line == (f"{data.val_json}: no box to evaluate against (0 annotations: 0 crowd, 0 rejected); expected "
+                    "boxes of the train split's categories")
 
 
 def test_a_val_split_of_crowd_regions_only_is_refused(data, capsys):
     def change(d):
         for ann in d.val["annotations"]:
             ann["iscrowd"] = 1
-    assert refused(data, capsys, change).startswith(f"{data.val_json}: no box to evaluate against (4 annotations: 4 crowd")
+    line = refused(data, capsys, change)
+    assert line.startswith(f"{data.val_json}: no box to evaluate against (4 annotations: 4 crowd")
 
 
 def test_val_without_boxes_of_a_category_warns_in_one_line(data, capsys):
@@ -144,8 +149,8 @@ def test_one_image_file_under_two_ids_is_refused(data, capsys):
     def change(d):
         d.train["images"].append({"id": 4, "file_name": "a.jpg", "width": 32, "height": 24})
         d.train["annotations"].append({"id": 9, "image_id": 4, "category_id": 3, "bbox": [1, 1, 5, 5]})
-    assert refused(data, capsys, change) == (f"{data.train_json}: image ids 1 and 4 name the same file {data.images}/a.jpg; "
-                                     "expected one entry per image, holding all its boxes")
+    assert refused(data, capsys, change) == (f"{data.train_json}: image ids 1 and 4 name the same file "
+                                             f"{data.images}/a.jpg; expected one entry per image, holding all its boxes")
 
 
 def test_two_names_linking_to_one_file_are_refused(data, capsys):
@@ -159,8 +164,8 @@ def test_a_key_twice_in_an_annotation_is_refused(data, capsys):
     def change(d):
         d.raw["train"] = json.dumps(d.train).replace('"bbox": [4, 4, 12, 12]',
                                                      '"bbox": [4, 4, 12, 12], "bbox": [0, 0, 1, 1]').encode()
-    assert refused(data, capsys, change) == (f"{data.train_json}: annotation id 2 has the key 'bbox' twice; expected each key "
-                                     "once in an object (a JSON reader keeps only the last)")
+    assert refused(data, capsys, change) == (f"{data.train_json}: annotation id 2 has the key 'bbox' twice; expected "
+                                             "each key once in an object (a JSON reader keeps only the last)")
 
 
 def test_a_top_level_key_twice_is_refused(data, capsys):
@@ -173,8 +178,8 @@ def test_one_category_name_under_two_ids_is_refused(data, capsys):
     def change(d):
         for split in (d.train, d.val):
             split["categories"][1]["name"] = "cat"
-    assert refused(data, capsys, change) == (f"{data.train_json}: category ids 1 and 3 both have the name 'cat'; expected one "
-                                     "id per category")
+    assert refused(data, capsys, change) == (f"{data.train_json}: category ids 1 and 3 both have the name 'cat'; "
+                                             "expected one id per category")
 
 
 def test_an_annotation_said_twice_warns_in_one_line(data, capsys):
@@ -245,7 +250,8 @@ def test_a_png_with_a_damaged_chunk_is_refused_instead_of_crashing(data, capsys)
         content = bytearray((d.images / "b.jpg").read_bytes())
         content[content.index(b"IDAT") + 30] ^= 0x55
         (d.images / "b.jpg").write_bytes(bytes(content))
-    assert refused(data, capsys, change) == f"{data.images}/b.jpg: image id 2: damaged PNG: the CRC of its 'IDAT' chunk fails"
+    line = refused(data, capsys, change)
+    assert line == f"{data.images}/b.jpg: image id 2: damaged PNG: the CRC of its 'IDAT' chunk fails"
 
 
 def test_a_png_whose_data_does_not_inflate_is_refused(tmp_path):

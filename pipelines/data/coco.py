@@ -182,7 +182,8 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, requir
             continue
         ann["bbox"] = box
         kept.append(ann)
-        if (first := boxes.setdefault((ann["image_id"], ann["category_id"], ann["iscrowd"], *box), ann["id"])) != ann["id"]:
+        said = (ann["image_id"], ann["category_id"], ann["iscrowd"], *box)
+        if (first := boxes.setdefault(said, ann["id"])) != ann["id"]:
             repeats.append((ann["id"], first))
     if repeats:
         log.warning("%s: %d annotation(s) repeat the image, category and box of another (annotation id %d repeats id "
@@ -387,7 +388,8 @@ def _check_image_files(path: Path, image_dir: Path, images: list[dict],
         except ImageError as err:
             return file, err.reason or str(err), real, False
         if (width, height) != (image["width"], image["height"]):
-            return file, f"file is {width}x{height} but {path.name} says {image['width']}x{image['height']}", real, False
+            text = f"file is {width}x{height} but {path.name} says {image['width']}x{image['height']}"
+            return file, text, real, False
         return file, None, real, wrote
 
     with DecoderMessages() as messages:
