@@ -55,13 +55,14 @@ def main(argv: list[str] | None = None) -> None:
                               "coco": cleaned, "summary": summary[split]}
             if isinstance(dataset, SyntheticDataset):
                 source.unlink()
-            write_json(tmp / f"{split}.json", cleaned, indent=None)
             splits[split] = {"annotations": f"{split}.json", "images": str(final_image_dir)}
             log.info("%s: %d images, %d annotations, %d boxes clipped, %d rejected", split,
                      summary[split]["images"], summary[split]["annotations"], summary[split]["boxes_clipped"],
                      summary[split]["boxes_rejected_degenerate"] + summary[split]["boxes_rejected_outside"])
         for warning in compare_splits(checked["train"], checked["val"]):
             log.warning("%s", warning)
+        for split in SPLITS:
+            write_json(tmp / f"{split}.json", checked[split]["coco"], indent=None)
         write_json(tmp / "dataset.json", {"name": dataset.name, "splits": splits})
     write_json(args.metrics, count_rows(summary))
 

@@ -392,15 +392,15 @@ def _check_image_files(path: Path, image_dir: Path, images: list[dict],
             return file, text, real, False
         return file, None, real, wrote
 
-    with DecoderMessages() as messages:
+    with DecoderMessages() as messages, tqdm(total=len(images), file=messages.stream, desc=f"check {path.name}",
+                                             unit="img", mininterval=2.0, disable=len(images) < 1000) as bar:
         pool = ThreadPoolExecutor(max_workers=DECODE_THREADS)
         try:
             results = pool.map(problem, images)
             first_of: dict[Path, int] = {}
             suspects = []
-            for image, (file, text, real, wrote) in tqdm(zip(images, results), total=len(images), file=messages.stream,
-                                                         desc=f"check {path.name}", unit="img", mininterval=2.0,
-                                                         disable=len(images) < 1000):
+            for image, (file, text, real, wrote) in zip(images, results):
+                bar.update()
                 if text:
                     raise DatasetError(f"{file}: image id {image['id']}: {text}")
                 if (first := first_of.setdefault(real, image["id"])) != image["id"]:

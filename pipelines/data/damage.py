@@ -48,6 +48,7 @@ class DecoderMessages:
         self._saved = os.dup(2)
         self.stream = open(os.dup(self._saved), "w", buffering=1)  # noqa: SIM115 (closed in __exit__)
         self._alone = threading.Lock()
+        self._checked = None  # the size when the first image was decoded again: what follows repeats lines
         os.dup2(self._file.fileno(), 2)
         return self
 
@@ -55,10 +56,9 @@ class DecoderMessages:
         os.dup2(self._saved, 2)
         os.close(self._saved)
         self._file.seek(0)
-        lines = self._file.read().decode("utf-8", "replace").splitlines(keepends=True)
+        lines = self._file.read(self._checked).decode("utf-8", "replace").splitlines(keepends=True)
         self._file.close()
-        kept = [line for line in dict.fromkeys(lines) if not DAMAGE.search(line)]  # a line again decoded, once
-        self.stream.write("".join(kept))
+        self.stream.write("".join(line for line in lines if not is_damage(line)))
         self.stream.close()
 
     def _size(self) -> int:
@@ -75,6 +75,7 @@ class DecoderMessages:
         """Run ``decode()`` alone; the first damage line it wrote, or None."""
         with self._alone:
             before = self._size()
+            self._checked = before if self._checked is None else self._checked
             try:
                 decode()
             except Exception:  # the first decode succeeded; a file changed meanwhile fails elsewhere
@@ -82,7 +83,12 @@ class DecoderMessages:
             self._file.seek(before)
             text = self._file.read().decode("utf-8", "replace")
             self._file.seek(0, os.SEEK_END)
-        return next((line.strip() for line in text.splitlines() if DAMAGE.search(line)), None)
+        return next((line.strip() for line in text.splitlines() if is_damage(line)), None)
+
+
+def is_damage(line: str) -> bool:
+    """Whether the decoder's ``line`` says that the pixels are not what was encoded."""
+    return bool(DAMAGE.search(line)) and not HARMLESS.search(line)
 
 
 def png_problem(file: str | os.PathLike) -> str | None:

@@ -2,10 +2,12 @@
 
 The model learns the train split's categories (by id, in id order, with their names) and the
 evaluate stage scores it on the val split only if the val split has exactly those; a val split
-without a box to match gives COCO evaluation nothing to score. :func:`compare_splits` refuses both
-at prepare, in one line, before anything trains. What still gives a meaningful run is a warning
-(one line each): categories without a box in a split, and images that are in both splits (the same
-file, after links), whose scores are not held out.
+without a box to match gives COCO evaluation nothing to score. :func:`compare_splits` refuses a val
+category that train lacks or names otherwise, and a val split without a box, at prepare, in one
+line, before anything trains. What still gives a meaningful run is a warning (one line each): a val
+split that lists only some of train's categories (as tools that export one split at a time write
+it; it is given train's list), categories without a box in a split, and images that are in both
+splits (the same file, after links), whose scores are not held out.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ def compare_splits(train: dict, val: dict) -> list[str]:
     """Compare two splits, each ``{"path", "images" (folder), "coco" (validated), "summary"}``.
 
     Returns:
-        Warnings, one line each.
+        Warnings, one line each. A val split that lists only some of train's categories gets train's
+        list (``val["coco"]["categories"]`` is replaced).
 
     Raises:
         DatasetError: the splits have other categories (ids or names), or the val split has no box that
@@ -31,10 +34,8 @@ def compare_splits(train: dict, val: dict) -> list[str]:
     expected = f"expected the categories of {train['path']} (the model learns them; evaluate scores them)"
     train_names = {c["id"]: c["name"] for c in train["coco"]["categories"]}
     val_names = {c["id"]: c["name"] for c in val["coco"]["categories"]}
-    for category_id in sorted(train_names.keys() | val_names.keys()):
-        name, other = train_names.get(category_id), val_names.get(category_id)
-        if other is None:
-            raise DatasetError(f"{val['path']}: no category id {category_id} ({name!r}); {expected}")
+    for category_id in sorted(val_names):
+        name, other = train_names.get(category_id), val_names[category_id]
         if name is None:
             raise DatasetError(f"{val['path']}: category id {category_id} ({other!r}) is not in the train split; "
                                f"{expected}")
@@ -49,6 +50,11 @@ def compare_splits(train: dict, val: dict) -> list[str]:
                            "train split's categories")
 
     warnings = []
+    unlisted = [name for category_id, name in train_names.items() if category_id not in val_names]
+    if unlisted:
+        val["coco"]["categories"] = [dict(c) for c in train["coco"]["categories"]]
+        warnings.append(f"{val['path']}: does not list {len(unlisted)} of the train split's {len(train_names)} "
+                        f"categories ({_named(unlisted)}): given the train split's list; their AP is not measured")
     for split, consequence in ((train, "the model cannot learn them"),
                                (val, "their AP is not measured (evaluate averages the others)")):
         empty = [name for name, n in split["summary"]["per_category"].items() if n == 0]
