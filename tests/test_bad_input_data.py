@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from pipelines.data.damage import DecoderMessages, png_problem
@@ -201,6 +203,52 @@ def test_repeated_keys_found_wherever_the_counts_disagree():
     assert found('{"x": [[{"k": 1, "k": 2}]]}') == "an object with the keys 'k' has the key 'k' twice"  # deep
     assert found('{"a" : 1, "a" : 2}') == "an object with the keys 'a' has the key 'a' twice"  # space before ':'
     assert found('{"images": [{"id": 2, "file_name": "x", "id": 2}]}') == "image id 2 has the key 'id' twice"
+
+
+def test_a_coco_file_without_repeated_keys_is_not_parsed_twice(monkeypatch):
+    """The counts agree on COCO's shapes, compact or indented: the slow second parse is not needed."""
+    import pipelines.data.json_keys as json_keys
+
+    def second_parse(*_, **__):
+        raise AssertionError("parsed a second time")
+
+    coco = {"info": {"year": 2017}, "images": [{"id": 1, "file_name": "a.jpg", "coco_url": "http://x/a.jpg"}],
+            "annotations": [{"id": 1, "image_id": 1, "segmentation": [[1.0, 2.0]], "bbox": [1, 2, 3, 4]},
+                            {"id": 2, "image_id": 1, "segmentation": {"counts": [1, 2], "size": [2, 2]}}],
+            "categories": [{"id": 1, "name": "cat"}]}
+    monkeypatch.setattr(json_keys.json, "loads", second_parse)
+    for text in (json.dumps(coco), json.dumps(coco, indent=2), json.dumps(coco, separators=(",", ":"))):
+        assert repeated_key(text.encode(), orjson.loads(text)) is None
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=6)
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4), max_leaves=24)
+
+
+def _dump(value, space: str, repeat_in: int, seen: list[int]) -> str:
+    """JSON text of ``value``, with ``space`` around colons, whose ``repeat_in``-th non-empty object (in
+    writing order) writes its first key a second time."""
+    if isinstance(value, dict):
+        items = [(json.dumps(k), _dump(v, space, repeat_in, seen)) for k, v in value.items()]
+        if items:
+            seen[0] += 1
+            if seen[0] == repeat_in:
+                items.append((items[0][0], "0"))
+        return "{" + ",".join(f"{k}{space}:{space}{v}" for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_dump(v, space, repeat_in, seen) for v in value) + "]"
+    return json.dumps(value)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=st.dictionaries(_TEXT, _JSON, max_size=4), space=st.sampled_from(["", " ", "\n  "]),
+       repeat_in=st.integers(0, 6))
+def test_a_repeated_key_is_found_wherever_it_is_and_only_then(value, space, repeat_in):
+    seen = [0]
+    text = _dump(value, space, repeat_in, seen)
+    found = repeated_key(text.encode(), orjson.loads(text))
+    assert (found is not None) == (1 <= repeat_in <= seen[0]), text
 
 
 def test_repeated_keys_in_params_yaml_are_refused_already(tmp_path):
