@@ -4,14 +4,17 @@
 and by the annotation cache.
 
 :func:`validate_coco` checks an annotation file and its image folder and returns a cleaned copy
-plus a summary. Structural problems (bad JSON, duplicate ids, dangling references, an empty split,
+plus a summary. Structural problems (bad JSON, duplicate ids, a key written twice in one object, one
+image file under two ids, one category name under two ids, dangling references, an empty split,
 missing, undecodable or mis-sized images, images above ``dataset.max_image_pixels``, special files
 (a FIFO, a device, a folder) where an image or the JSON should be, file names or symlinks that escape
 the image folder, a training split without a usable box, integers that the annotation cache's numpy
 dtypes or COCO evaluation cannot hold, numbers that are not finite) raise :class:`DatasetError`
-naming the file and the offending id. Box problems are repaired or dropped and counted: boxes
-slightly outside the image are clipped, degenerate boxes and boxes mostly outside the image are
-rejected.
+naming the file and the offending id; so do more images than ``dataset.max_damaged_images`` that the
+decoder decodes through damage (:mod:`.damage`), which up to it are named in a warning, as are
+annotations that repeat another's image, category and box. Box problems are repaired or dropped and
+counted: boxes slightly outside the image are clipped, degenerate boxes and boxes mostly outside the
+image are rejected.
 
 Each image's size is read from its header (:func:`pipelines.data.decode.read_image_header`, no
 pixels read) and checked against the pixel limit and the JSON before anything decodes it: a
@@ -41,6 +44,7 @@ from tqdm import tqdm
 from ..config.schema import INT64_MAX, INT64_MIN
 from ..errors import DatasetError, ImageError
 from ..fileio import file_problem, gc_paused
+from .damage import DecoderMessages, named_files, png_problem
 from .json_keys import repeated_key
 
 log = logging.getLogger(__name__)
@@ -156,8 +160,6 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, requir
         _check_file_name(path, im)
     damaged = _check_image_files(path, Path(image_dir), images, max_image_pixels)
     if damaged:
-        from .damage import named_files
-
         what = f"{len(damaged)} image{'s' * (len(damaged) > 1)} the decoder found damaged ({damaged[0][2]}): " \
             f"{named_files([(file, image_id) for file, image_id, _ in damaged])}"
         if len(damaged) > max_damaged_images:
@@ -358,7 +360,6 @@ def _check_image_files(path: Path, image_dir: Path, images: list[dict],
     """
     # Imported here, not at the top: the cache stage imports this module for read_annotations alone
     # and never needs torch.
-    from .damage import DecoderMessages, png_problem
     from .decode import decode_image, read_image_header, size_mismatch, too_many_pixels
 
     if not image_dir.is_dir():

@@ -28,8 +28,8 @@ from pathlib import Path
 
 # libjpeg's warnings (jerror.h, JWRN_*) that mean the pixels are not what was encoded.
 DAMAGE = re.compile(r"Corrupt JPEG data|Premature end of JPEG file|Invalid SOS parameters|"
-                    r"Inconsistent progression sequence|Application transferred too many scanlines")
-# All the pixels were decoded; bytes after the last of them are ignored (COCO itself has such files).
+                    r"Inconsistent progression sequence")
+# All the pixels were decoded; the bytes between the last of them and the end marker are ignored.
 HARMLESS = re.compile(r"extraneous bytes before marker 0xd9")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _INFLATE_STEP = 1 << 22  # bytes inflated at a time: the check holds no whole image in memory
