@@ -50,6 +50,8 @@ def repeated_key(data: bytes, parsed) -> RepeatedKey | None:
         json.loads(data, object_pairs_hook=_unique_pairs)
     except RepeatedKey as err:
         return err
+    except RecursionError:  # nested deeper than Python's json goes (orjson goes to 1024): no COCO file
+        pass
     return None
 
 
