@@ -5,7 +5,9 @@ split's images are) and, for the synthetic dataset, ``<out>/images/``; plus the 
 (images, annotations, crowd, clipped and rejected boxes, boxes per category and per COCO scale) as
 rows for ``dvc plots``, a bar chart, not headline metrics: their number grows with the classes. Nothing is replaced unless every split validates: every image decodes (with the
 decoder training uses) at the size its JSON states, no image has more than ``dataset.max_image_pixels``
-(read from its header, before decoding), and the train split has at least one usable box.
+(read from its header, before decoding), no more than ``dataset.max_damaged_images`` images of a split
+decode through damage, the train split has at least one usable box, and the two splits agree
+(:func:`pipelines.data.splits.compare_splits`: the same categories, a box in val to score).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 
 from pipelines import cli
 from pipelines.config.load import load_params
-from pipelines.config.schema import SyntheticDataset
+from pipelines.config.schema import CocoDataset, SyntheticDataset
 from pipelines.data.coco import validate_coco
+from pipelines.data.splits import compare_splits
 from pipelines.data.synthetic import generate_split
 from pipelines.fileio import atomic_dir, write_json
 
@@ -30,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
                           metrics="the dataset's counts (JSON rows for dvc plots)")
     dataset = load_params(args.params).dataset
 
-    summary, splits = {}, {}
+    summary, splits, checked = {}, {}, {}
     with atomic_dir(args.out) as tmp:
         for split in SPLITS:
             if isinstance(dataset, SyntheticDataset):
@@ -47,14 +50,20 @@ def main(argv: list[str] | None = None) -> None:
                 source = Path(getattr(dataset, f"{split}_annotations"))
             log.info("validating %s split: %s (images in %s)", split, source, final_image_dir)
             cleaned, summary[split] = validate_coco(source, image_dir, require_boxes=split == "train",
-                                                    max_image_pixels=dataset.max_image_pixels)
+                                                    max_image_pixels=dataset.max_image_pixels,
+                                                    max_damaged_images=dataset.max_damaged_images)
+            checked[split] = {"path": source if isinstance(dataset, CocoDataset) else split, "images": image_dir,
+                              "coco": cleaned, "summary": summary[split]}
             if isinstance(dataset, SyntheticDataset):
                 source.unlink()
-            write_json(tmp / f"{split}.json", cleaned, indent=None)
             splits[split] = {"annotations": f"{split}.json", "images": str(final_image_dir)}
             log.info("%s: %d images, %d annotations, %d boxes clipped, %d rejected", split,
                      summary[split]["images"], summary[split]["annotations"], summary[split]["boxes_clipped"],
                      summary[split]["boxes_rejected_degenerate"] + summary[split]["boxes_rejected_outside"])
+        for warning in compare_splits(checked["train"], checked["val"]):
+            log.warning("%s", warning)
+        for split in SPLITS:
+            write_json(tmp / f"{split}.json", checked[split]["coco"], indent=None)
         write_json(tmp / "dataset.json", {"name": dataset.name, "splits": splits})
     write_json(args.metrics, count_rows(summary))
 

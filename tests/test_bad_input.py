@@ -45,7 +45,8 @@ from pipelines.errors import CacheError, ImageError
 from .conftest import REPO, train_outputs
 
 SIZES = {"a.jpg": (32, 24), "b.jpg": (24, 32), "c.jpg": (32, 24)}  # file name: (width, height)
-DATASET_KEYS = "name, train_images, train_annotations, val_images, val_annotations, max_image_pixels"
+DATASET_KEYS = ("name, train_images, train_annotations, val_images, val_annotations, max_image_pixels, "
+                "max_damaged_images")
 
 
 def save_image(path: Path, size: tuple[int, int], *, seed: int = 0, mode: str = "RGB", **options) -> None:
@@ -82,7 +83,8 @@ class Data:
         self.params = copy.deepcopy(base_params)
         self.params["dataset"] = {"name": "coco", "train_images": str(self.images),
                                   "train_annotations": str(self.train_json), "val_images": str(self.images),
-                                  "val_annotations": str(self.val_json), "max_image_pixels": 2**28}
+                                  "val_annotations": str(self.val_json), "max_image_pixels": 2**28,
+                                  "max_damaged_images": 0}
 
     def add_image(self, name: str, size: tuple[int, int], *, boxes=((1, [2, 2, 8, 6], None),), **save_options) -> int:
         """Save an image of random pixels as ``name`` and add it, with ``boxes`` ``(category id, bbox, crowd

@@ -71,7 +71,7 @@ def test_the_documented_command_trains_on_data_outside_the_repository_and_watche
     assert counts["train: images"] == counts["val: images"] == 33
     params = yaml.safe_load((repo / "params.yaml").read_text())
     assert params["dataset"] == {"name": "coco", **{k.split(".")[1]: str(v) for k, v in paths.items()},
-                                 "max_image_pixels": 2**28}
+                                 "max_image_pixels": 2**28, "max_damaged_images": 0}
     assert params["train"]["ims_per_batch"] == 4 and params["train"]["warmup_iters"] == 5  # the smoke solver
     assert json.loads((repo / "metrics" / "eval.json").read_text())["AP"] is not None
     categories = {r["item"] for r in json.loads((repo / "metrics" / "dataset.json").read_text())

@@ -31,7 +31,8 @@ def _coco_params(base, tmp_path, annotations, images) -> dict:
     params = copy.deepcopy(base)
     params["dataset"] = {"name": "coco", "train_images": str(images),
                          "train_annotations": str(annotations), "val_images": str(images),
-                         "val_annotations": str(annotations), "max_image_pixels": 2**28}
+                         "val_annotations": str(annotations), "max_image_pixels": 2**28,
+                         "max_damaged_images": 0}
     return params
 
 

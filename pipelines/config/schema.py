@@ -33,6 +33,10 @@ class DatasetFiles:
     # header before it is decoded; conf/dataset/*.yaml: 2**28, 256 megapixels (16384 x 16384), above phone
     # cameras and most aerial tiles.
     max_image_pixels: int = MISSING
+    # The most images of a split that the decoder may find damaged (libjpeg's "Corrupt JPEG data", its
+    # pixels decoded through the damage) and still be kept, named in one warning; above it prepare
+    # refuses the split. conf/dataset/*.yaml: 0.
+    max_damaged_images: int = MISSING
 
 
 @dataclass

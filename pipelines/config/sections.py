@@ -12,13 +12,18 @@ from ..errors import ConfigError
 from ..policy import decode_policy
 from .backbones import BACKBONES, WEIGHTS_NORMS, weights_enum, weights_name
 from .presets import group_hint
-from .schema import Augment, Evaluate, Launch, Loader, Model, Search, SyntheticDataset, Tracking, Train
+from .schema import Augment, DatasetFiles, Evaluate, Launch, Loader, Model, Search, SyntheticDataset, Tracking, Train
 
 # require(ok, key, expected, value): raises ConfigError "<source>: <key>: expected <expected>, got <value>"
 # unless ok.
 Require = Callable[[bool, str, str, Any], None]
 
 MAX_RESAMPLES = 100_000  # evaluate.bootstrap: enough for any interval; more only makes the stage slow
+
+
+def check_dataset(dataset: DatasetFiles, require: Require) -> None:
+    require(dataset.max_damaged_images >= 0, "dataset.max_damaged_images", "an integer >= 0 (images of a split)",
+            dataset.max_damaged_images)
 
 
 def check_synthetic(dataset: SyntheticDataset, require: Require) -> None:

@@ -57,6 +57,7 @@ def check_values(p: Params, source: str, world_size: int | None) -> None:
 def _check_sections(p: Params, source: str, world_size: int | None, require: Require) -> None:
     """Each section's own values, then the rules across sections."""
     require(p.seed >= 0, "seed", "an integer >= 0", p.seed)
+    sections.check_dataset(p.dataset, require)
     if isinstance(p.dataset, SyntheticDataset):
         sections.check_synthetic(p.dataset, require)
     sections.check_model(p.model, require)

@@ -4,14 +4,17 @@
 and by the annotation cache.
 
 :func:`validate_coco` checks an annotation file and its image folder and returns a cleaned copy
-plus a summary. Structural problems (bad JSON, duplicate ids, dangling references, an empty split,
+plus a summary. Structural problems (bad JSON, duplicate ids, a key written twice in one object, one
+image file under two ids, one category name under two ids, dangling references, an empty split,
 missing, undecodable or mis-sized images, images above ``dataset.max_image_pixels``, special files
 (a FIFO, a device, a folder) where an image or the JSON should be, file names or symlinks that escape
 the image folder, a training split without a usable box, integers that the annotation cache's numpy
 dtypes or COCO evaluation cannot hold, numbers that are not finite) raise :class:`DatasetError`
-naming the file and the offending id. Box problems are repaired or dropped and counted: boxes
-slightly outside the image are clipped, degenerate boxes and boxes mostly outside the image are
-rejected.
+naming the file and the offending id; so do more images than ``dataset.max_damaged_images`` that the
+decoder decodes through damage (:mod:`.damage`), which up to it are named in a warning, as are
+annotations that repeat another's image, category and box. Box problems are repaired or dropped and
+counted: boxes slightly outside the image are clipped, degenerate boxes and boxes mostly outside the
+image are rejected.
 
 Each image's size is read from its header (:func:`pipelines.data.decode.read_image_header`, no
 pixels read) and checked against the pixel limit and the JSON before anything decodes it: a
@@ -25,7 +28,9 @@ imports this module for :func:`read_annotations` alone and so never loads torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import logging
 import math
 import os
 import threading
@@ -39,6 +44,10 @@ from tqdm import tqdm
 from ..config.schema import INT64_MAX, INT64_MIN
 from ..errors import DatasetError, ImageError
 from ..fileio import file_problem, gc_paused
+from .damage import DecoderMessages, named_files, png_problem
+from .json_keys import repeated_key
+
+log = logging.getLogger(__name__)
 
 # COCO's area ranges for the small / medium / large buckets.
 SMALL_AREA = 32**2
@@ -59,14 +68,15 @@ MAX_IMAGE_PIXELS = 2**28  # 256 megapixels, 16384 x 16384
 INT32_MAX = 2**31 - 1
 
 
-def read_annotations(path: str | Path) -> tuple[dict, str]:
-    """Read and parse a COCO JSON file in one pass (orjson, collector paused).
+def read_annotations(path: str | Path, *, unique_keys: bool = False) -> tuple[dict, str]:
+    """Read and parse a COCO JSON file in one pass (orjson, collector paused); with ``unique_keys``, also
+    refuse an object that writes a key twice (the parser would keep the last silently).
 
     Returns:
         ``(annotations, sha256)``: the parsed object and the SHA-256 of exactly the bytes parsed.
 
     Raises:
-        DatasetError: if the file is missing, unreadable or is not a JSON object.
+        DatasetError: if the file is missing, unreadable or is not a JSON object (or writes a key twice).
     """
     path = Path(path)
     if path.exists() and not path.is_dir() and (problem := file_problem(path)):  # a folder fails at once below
@@ -83,6 +93,9 @@ def read_annotations(path: str | Path) -> tuple[dict, str]:
             coco = orjson.loads(data)
         except orjson.JSONDecodeError as err:
             raise DatasetError(f"{path}: not valid JSON ({err}{_not_a_number(data, err.pos)})") from None
+        if unique_keys and (twice := repeated_key(data, coco)):
+            raise DatasetError(f"{path}: {twice}; expected each key once in an object (a JSON reader keeps only the "
+                               "last)")
     if not isinstance(coco, dict):
         raise DatasetError(f"{path}: expected a JSON object with images, annotations and categories")
     return coco, sha256
@@ -96,7 +109,7 @@ def _not_a_number(data: bytes, pos: int | None) -> str:
 
 
 def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, require_boxes: bool = False,
-                  max_image_pixels: int = MAX_IMAGE_PIXELS) -> tuple[dict, dict]:
+                  max_image_pixels: int = MAX_IMAGE_PIXELS, max_damaged_images: int = 0) -> tuple[dict, dict]:
     """Validate a COCO annotation file against its image folder.
 
     Every image is decoded in full (in parallel threads, by :func:`pipelines.data.decode.decode_image`,
@@ -110,6 +123,8 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, requir
             region.
         max_image_pixels: the most pixels an image may have (``dataset.max_image_pixels``), checked
             from its header before it is decoded.
+        max_damaged_images: the most images the decoder may find damaged and decode through
+            (``dataset.max_damaged_images``); up to it they are kept and named in one warning.
 
     Returns:
         ``(cleaned, summary)``: the annotations with repaired boxes (rejected ones removed, ``area``
@@ -119,7 +134,7 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, requir
         DatasetError: on any structural problem, naming the file and the offending id.
     """
     path = Path(annotations_path)
-    data, _ = read_annotations(path)
+    data, _ = read_annotations(path, unique_keys=True)
     for key in ("images", "annotations", "categories"):
         if not isinstance(data.get(key), list):
             raise DatasetError(f"{path}: '{key}' must be a list")
@@ -130,6 +145,11 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, requir
     categories = [_check_category_entry(path, i, entry) for i, entry in enumerate(data["categories"])]
     _no_duplicates(path, "image", [im["id"] for im in images])
     _no_duplicates(path, "category", [c["id"] for c in categories])
+    named: dict[str, int] = {}
+    for c in categories:
+        if (first := named.setdefault(c["name"], c["id"])) != c["id"]:
+            raise DatasetError(f"{path}: category ids {first} and {c['id']} both have the name {_brief(c['name'])}; "
+                               "expected one id per category")
     # Only integer ids here: any other id is reported with its entry below.
     annotation_ids = [a["id"] for a in data["annotations"] if isinstance(a, dict) and _is_int(a.get("id"))]
     _no_duplicates(path, "annotation", annotation_ids)
@@ -138,10 +158,17 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, requir
     category_ids = {c["id"] for c in categories}
     for im in images:
         _check_file_name(path, im)
-    _check_image_files(path, Path(image_dir), images, max_image_pixels)
+    damaged = _check_image_files(path, Path(image_dir), images, max_image_pixels)
+    if damaged:
+        what = f"{len(damaged)} image{'s' * (len(damaged) > 1)} the decoder found damaged ({damaged[0][2]}): " \
+            f"{named_files([(file, image_id) for file, image_id, _ in damaged])}"
+        if len(damaged) > max_damaged_images:
+            raise DatasetError(f"{path}: {what}; expected at most dataset.max_damaged_images ({max_damaged_images}): "
+                               "replace them, or raise that param to train on them as they decode")
+        log.warning("%s: %s; kept, as dataset.max_damaged_images (%d) allows", path, what, max_damaged_images)
 
     counts: Counter[str] = Counter()
-    kept = []
+    kept, boxes, repeats = [], {}, []
     for i, ann in enumerate(data["annotations"]):
         ann = _check_annotation_entry(path, i, ann)
         if ann["image_id"] not in image_by_id:
@@ -157,6 +184,12 @@ def validate_coco(annotations_path: str | Path, image_dir: str | Path, *, requir
             continue
         ann["bbox"] = box
         kept.append(ann)
+        said = (ann["image_id"], ann["category_id"], ann["iscrowd"], *box)
+        if (first := boxes.setdefault(said, ann["id"])) != ann["id"]:
+            repeats.append((ann["id"], first))
+    if repeats:
+        log.warning("%s: %d annotation(s) repeat the image, category and box of another (annotation id %d repeats id "
+                    "%d); kept, each counts as an object", path, len(repeats), *repeats[0])
 
     if require_boxes and not any(not ann["iscrowd"] for ann in kept):
         crowd = sum(ann["iscrowd"] for ann in kept)
@@ -317,8 +350,10 @@ def _check_file_name(path: Path, image: dict) -> None:
         )
 
 
-def _check_image_files(path: Path, image_dir: Path, images: list[dict], max_image_pixels: int) -> None:
+def _check_image_files(path: Path, image_dir: Path, images: list[dict],
+                       max_image_pixels: int) -> list[tuple[Path, int, str]]:
     """Check every image's header, then decode it, in threads; raise on the first problem in the JSON's order.
+    Returns the images the decoder found damaged but decoded through: ``(file, image id, its line)``.
 
     torchvision's decoders release the GIL while they decode, so a pure-Python thread runs at full
     speed while another thread decodes: the threads check and decode in parallel.
@@ -332,37 +367,52 @@ def _check_image_files(path: Path, image_dir: Path, images: list[dict], max_imag
     root = Path(os.path.realpath(image_dir))
     large = threading.Lock()
 
-    def problem(image: dict) -> tuple[Path, str | None]:
+    def problem(image: dict) -> tuple[Path, str | None, Path, bool]:
         file = image_dir / image["file_name"]
         real = Path(os.path.realpath(file))
         if real != root and not real.is_relative_to(root):
-            return file, f"links to {real}, outside the image folder {root}"
+            return file, f"links to {real}, outside the image folder {root}", real, False
         if text := file_problem(file):
-            return file, text
+            return file, text, real, False
         header = read_image_header(file)  # sizes from the header: nothing too large is decoded
         if header is not None:
             text = too_many_pixels(header, max_image_pixels) or \
                 size_mismatch(header, file, image["width"], image["height"], path.name)
             if text:
-                return file, text
+                return file, text, real, False
         try:
+            if text := png_problem(file):  # libpng would end the process on it
+                return file, text, real, False
             with large if header is None or header.pixels > ONE_AT_A_TIME_PIXELS else contextlib.nullcontext():
-                height, width = decode_image(file).shape[-2:]
+                pixels, wrote = messages.decode(functools.partial(decode_image, file))
+            height, width = pixels.shape[-2:]
         except ImageError as err:
-            return file, err.reason or str(err)
+            return file, err.reason or str(err), real, False
         if (width, height) != (image["width"], image["height"]):
-            return file, f"file is {width}x{height} but {path.name} says {image['width']}x{image['height']}"
-        return file, None
+            text = f"file is {width}x{height} but {path.name} says {image['width']}x{image['height']}"
+            return file, text, real, False
+        return file, None, real, wrote
 
-    pool = ThreadPoolExecutor(max_workers=DECODE_THREADS)
-    try:
-        results = pool.map(problem, images)
-        for image, (file, text) in tqdm(zip(images, results), total=len(images), desc=f"check {path.name}",
-                                        unit="img", mininterval=2.0, disable=len(images) < 1000):
-            if text:
-                raise DatasetError(f"{file}: image id {image['id']}: {text}")
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # on an error, skip the images not yet started
+    with DecoderMessages() as messages, tqdm(total=len(images), file=messages.stream, desc=f"check {path.name}",
+                                             unit="img", mininterval=2.0, disable=len(images) < 1000) as bar:
+        pool = ThreadPoolExecutor(max_workers=DECODE_THREADS)
+        try:
+            results = pool.map(problem, images)
+            first_of: dict[Path, int] = {}
+            suspects = []
+            for image, (file, text, real, wrote) in zip(images, results):
+                bar.update()
+                if text:
+                    raise DatasetError(f"{file}: image id {image['id']}: {text}")
+                if (first := first_of.setdefault(real, image["id"])) != image["id"]:
+                    raise DatasetError(f"{path}: image ids {first} and {image['id']} name the same file {file}; "
+                                       "expected one entry per image, holding all its boxes")
+                if wrote:
+                    suspects.append((file, image["id"]))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # on an error, skip the images not yet started
+        return [(file, image_id, line) for file, image_id in suspects
+                if (line := messages.damage(functools.partial(decode_image, file)))]
 
 
 def _repair_box(bbox: list[float], width: int, height: int) -> tuple[str, list[float]]:
