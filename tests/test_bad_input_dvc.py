@@ -34,7 +34,8 @@ def project(tmp_path, base_params):
     params = json.loads(json.dumps(base_params))
     params["dataset"] = {"name": "coco", "train_images": str(data / "train"), "val_images": str(data / "val"),
                          "train_annotations": str(data / "train.json"),
-                         "val_annotations": str(data / "val.json"), "max_image_pixels": 2**28}
+                         "val_annotations": str(data / "val.json"), "max_image_pixels": 2**28,
+                         "max_damaged_images": 0}
     root = tmp_path / "repo"
     root.mkdir()
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")

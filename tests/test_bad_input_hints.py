@@ -162,8 +162,8 @@ COMPOSED = "error: {out} (composed from conf/): "
 
 @pytest.mark.parametrize("overrides, expected", [
     (["dataset=coco", "profile=ci"], COMPOSED + "dataset.train_size: unknown key (expected one of: name, train_images, "
-     "train_annotations, val_images, val_annotations, max_image_pixels); profile=ci sets it (conf/profile/ci.yaml), a "
-     "profile for dataset=synthetic"),
+     "train_annotations, val_images, val_annotations, max_image_pixels, max_damaged_images); profile=ci sets it "
+     "(conf/profile/ci.yaml), a profile for dataset=synthetic"),
     (["modle=fcos_r50"], "error: conf/: override 'modle=fcos_r50': no such key or config group in conf/; did you mean "
      "model=fcos_r50 (config groups: augment, dataset, model, profile, solver)?"),
     (["train.min_size_train=[128]"], "error: conf/: override 'train.min_size_train=[128]': no such key or config "
@@ -235,7 +235,7 @@ def test_a_profile_key_on_another_dataset_names_the_profile_also_where_dvc_compo
     params["dataset"] = {**group_presets("dataset")["coco"], "num_classes": 5}  # no profile sets it: no hint
     with pytest.raises(ConfigError) as err:
         params_from_dict(params, source="params.yaml")
-    assert str(err.value).endswith("max_image_pixels)")
+    assert str(err.value).endswith("max_image_pixels, max_damaged_images)")
 
 
 def test_a_train_nproc_that_cannot_fit_is_refused_before_any_process_starts(tmp_path, capsys, monkeypatch,
