@@ -2,7 +2,8 @@
 
 Every candidate fine-tunes the baseline (trained with the flip only, up to ``search.baseline_fraction``
 of its schedule, on the train images less the held-out ones) and is scored on the held-out images by
-the original's "Pareto scale balance" against the baseline's own APs there (``pipelines.search``).
+the original's "Pareto scale balance" against the null candidate's APs there (the flip-only fine-tune;
+or the baseline's own, ``search.pareto_comparator``); the best are rescored at more seeds (``pipelines.search``).
 ``--out`` keeps the state: every scored candidate and finished round, so a search stopped or killed at
 any moment continues where it was, to the result an uninterrupted one gives. What it writes:
 the best policy (``--policy``, read by ``augment=searched``), its metrics, the search curve and the
@@ -22,8 +23,8 @@ from pipelines.data.dataset import DetectionDataset
 from pipelines.fileio import file_sha256, write_json
 from pipelines.policy import PUBLISHED_POLICY, decode_policy
 from pipelines.search.evolution import Search, Settings
-from pipelines.search.pool import CandidatePool
-from pipelines.search.proxy import Proxy, baseline_aps, bin_shares, search_params
+from pipelines.search.pool import CandidatePool, Scoring
+from pipelines.search.proxy import Proxy, baseline_aps, bin_shares, fine_tune_params, search_params
 from pipelines.search.record import SearchRecord
 from pipelines.tracking.run import open_run
 
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings(rounds=p.search.rounds, population=p.search.population, kept=p.search.kept,
                         mutations=p.search.mutations, crossovers=p.search.crossovers, random=p.search.random,
                         mutation_prob=p.search.mutation_prob, seed=p.search.seed, n_subpolicies=augment.n_subpolicies,
-                        include=(PUBLISHED_POLICY,) if p.search.include_published else ())
+                        include=(PUBLISHED_POLICY,) if p.search.include_published else (),
+                        rescore_top_k=p.search.rescore_top_k, rescore_seeds=p.search.rescore_seeds)
     proxy = Proxy(p, args.baseline, args.cache, args.prepared / "val.json")
     shares = bin_shares(AnnotationCache(args.cache / "train"), min_size=min(p.model.min_size_train),
                         max_size=p.model.max_size_train, splits=augment.scale_splits)
@@ -66,23 +68,26 @@ def main(argv: list[str] | None = None) -> None:
                   resumed_from="") as tracker:  # the state folder: progress that does not name its run
         tracker.log_metrics({f"baseline/{k}": v for k, v in baseline.items()})
         search = Search(args.out, settings)
-        with CandidatePool(proxy, baseline) as pool:
-            best = search.run(record.tracked(pool.score, tracker), on_round=record.round_logger(tracker))
+        with CandidatePool(proxy) as pool:
+            comparators = record.comparators(pool, baseline, tracker)
+            scoring = Scoring(pool, comparators, regulariser_weight=p.search.regulariser_weight,
+                              n_subpolicies=augment.n_subpolicies)
+            best = search.run(record.tracked(scoring.score, tracker), rescore=record.tracked_rescore(scoring.rescore),
+                              on_round=record.round_logger(search, tracker))
         best_policy = decode_policy(best["genome"], augment.n_subpolicies)
         write_json(args.policy, {"policy": best["genome"], "n_subpolicies": augment.n_subpolicies,
                                  "scale_splits": augment.scale_splits, "key": best["key"],
                                  "score": best["score"], "policy_text": str(best_policy)})
-        write_json(args.metrics, {"score": best["score"], **{k: best[k] for k in ("AP", "APs", "APm", "APl")},
-                                  **{f"baseline_{k}": v for k, v in baseline.items() if k != "seconds"},
-                                  "candidates": len(list((args.out / "candidates").glob("*.json")))})
+        write_json(args.metrics, record.metrics(best, baseline, comparators))
         write_json(args.curve, [{"round": e["round"], "best": e["best"]["score"], "round_best": e["round_best"],
                                  "median": e["median"]} for e in search.history])
         write_json(args.bins, record.top_bins(search, TOP))
         tracker.log_artifact(args.policy)
         tracker.log_text(str(best_policy), "best_policy.txt")
-        augmentation = build_data.augmentation(p, best_policy, ramp=False)  # as the candidates were fine-tuned
+        tuned = fine_tune_params(p)  # as the candidates were fine-tuned
+        augmentation = build_data.augmentation(tuned, best_policy, ramp=False)
         augmented = DetectionDataset(AnnotationCache(args.cache / "train", verify=False),
-                                     transforms=build_data.train_transforms(p, augmentation), seed=p.seed)
+                                     transforms=build_data.train_transforms(tuned, augmentation), seed=p.seed)
         preview = build_data.preview(p, augmented, count=6, iteration=0, path=args.out / "best_preview.png")
         tracker.log_artifact(preview, "preview")
     log.info("best policy (score %.4f, AP %.3f on the held-out images):\n%s", best["score"], best["AP"],

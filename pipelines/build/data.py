@@ -55,7 +55,8 @@ def _scale_aware(p: Params, policy: Policy, *, ramp: bool) -> Compose:
     autoaug = ScaleAwareAutoAugment(policy, scale_splits=augment.scale_splits, box_prob=augment.box_prob,
                                     max_iter=p.train.max_iter if ramp else 0, filler_cache_mb=augment.filler_cache_mb,
                                     filler_pool=augment.filler_pool, filler_pool_iters=augment.filler_pool_iters,
-                                    off_from=tail_start(p) if ramp else None)
+                                    off_from=tail_start(p) if ramp else None,
+                                    translate_relative=bool(augment.translate_relative))
     return Compose([_flip(p), autoaug])
 
 
@@ -63,7 +64,8 @@ def _trivial(p: Params) -> Compose:
     augment = p.augment  # no ramp (max_iter 0): TrivialAugment applies its op at once, at full strength
     return Compose([_flip(p), ScaleAwareAutoAugment(trivial_policy(), scale_splits=augment.scale_splits,
                                                     box_prob=augment.box_prob, max_iter=0, filler_cache_mb=0,
-                                                    off_from=tail_start(p))])
+                                                    off_from=tail_start(p),
+                                                    translate_relative=bool(augment.translate_relative))])
 
 
 # augment.name: the names config validation accepts are these keys (config.registry).

@@ -111,6 +111,9 @@ class Augment:
     filler_cache_mb: Optional[float] = None  # zoom_out filler images kept per loader process
     filler_pool: Optional[int] = None  # zoom_out draws fillers among this many images of the split (0: all)
     filler_pool_iters: Optional[int] = None  # iterations between changes of the filler pool
+    # translate's offset scaled by the image's shorter side / 800 (the original's image size), rather than the
+    # original's pixels at any size (required by sa_autoaug and trivial; false: the pixels)
+    translate_relative: Optional[bool] = None
     # Where the policy comes from: pipelines/policy.py (the module of the published policy: the genes are
     # those above), or a policy search's JSON result, whose genes replace ``policy`` when params are read
     policy_file: str = MISSING
@@ -192,6 +195,20 @@ class Search:
     # The area bounds of the score's bins and of the policy's scale buckets: null, augment.scale_splits (the
     # original's, COCO's at 800 pixels); auto, those scaled to min(model.min_size_train); or three areas
     scale_splits: Any = None
+    # The fair score (docs/search.md): every candidate fine-tunes with the same random numbers (true) or with its
+    # own (false: seeded by its genes); the Pareto penalty compares with the null candidate (the flip-only
+    # fine-tune) or with the un-fine-tuned baseline; the weight of (9 - mean probability gene) in the score
+    common_random_numbers: bool = MISSING
+    pareto_comparator: str = MISSING  # null_candidate | baseline
+    regulariser_weight: float = MISSING
+    # the proxy's augmentation as the original's: a linear learning-rate warmup over this fraction of the
+    # fine-tune (0: none), translate scaled with the image size (augment.translate_relative)
+    proxy_warmup_fraction: float = MISSING
+    translate_relative: bool = MISSING
+    # the best rescore_top_k candidates are fine-tuned at rescore_seeds more seeds before they become parents or
+    # the result; their score is the mean over the seeds (0: no rescoring)
+    rescore_top_k: int = MISSING
+    rescore_seeds: int = MISSING
 
 
 @dataclass
@@ -233,6 +250,7 @@ CLS_LOSSES = ("focal", "qfl")  # pipelines.scale_loss.CLS_LOSSES
 TTA_SOURCES = ("resized", "decoded")  # pipelines.data.transforms.TTA_SOURCES and pipelines.inference.tta.SOURCES
 MERGES = ("nms", "vote")  # pipelines.model.MERGES and pipelines.inference.postprocess.MERGES
 ASSIGNERS = ("fcos", "atss")  # pipelines.model.ASSIGNERS
+PARETO_COMPARATORS = ("null_candidate", "baseline")  # pipelines.search.record.COMPARATORS
 
 CHOICES = {
     "model.backbone": BACKBONES,
@@ -246,6 +264,7 @@ CHOICES = {
     "evaluate.backend": EVAL_BACKENDS,
     "evaluate.merge": MERGES,
     "evaluate.tta_source": TTA_SOURCES,
+    "search.pareto_comparator": PARETO_COMPARATORS,
 }
 
 _Registry = TypeVar("_Registry", bound=Mapping)

@@ -83,9 +83,9 @@ def check_augment(augment: Augment, require: Require, source: str) -> None:
     if augment.name not in ("sa_autoaug", "trivial"):
         return
     from_file = augment.policy is None and augment.policy_file.endswith(".json")  # read by the train stage
-    needed = ("scale_splits", "box_prob", "off_tail") if augment.name == "trivial" else (
+    needed = ("scale_splits", "box_prob", "off_tail", "translate_relative") if augment.name == "trivial" else (
         *(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
-        "filler_pool", "filler_pool_iters", "off_tail")
+        "filler_pool", "filler_pool_iters", "off_tail", "translate_relative")
     for key in needed:
         if getattr(augment, key) is None:
             raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name={augment.name})"
@@ -175,6 +175,16 @@ def check_search(search: Search, require: Require) -> None:
     require(0 < search.heldout_fraction < 1, "search.heldout_fraction", "a fraction in (0, 1)", search.heldout_fraction)
     require(0 < search.baseline_fraction <= 1, "search.baseline_fraction", "a fraction in (0, 1]",
             search.baseline_fraction)
+    require(search.regulariser_weight >= 0, "search.regulariser_weight", "a weight >= 0 (0: no regulariser)",
+            search.regulariser_weight)
+    require(0 <= search.proxy_warmup_fraction < 1, "search.proxy_warmup_fraction",
+            "a fraction of search.fine_tune_iters in [0, 1) (0: no warmup)", search.proxy_warmup_fraction)
+    require(search.rescore_top_k >= 0, "search.rescore_top_k", "an integer >= 0 (0: no rescoring)",
+            search.rescore_top_k)
+    require(search.rescore_seeds >= 0, "search.rescore_seeds", "an integer >= 0", search.rescore_seeds)
+    require(search.rescore_top_k == 0 or search.rescore_seeds >= 1, "search.rescore_seeds",
+            f"at least 1 seed to rescore the best search.rescore_top_k ({search.rescore_top_k}) with",
+            search.rescore_seeds)
     splits = search.scale_splits
     require(splits is None or splits == "auto" or (
         isinstance(splits, (list, tuple)) and len(splits) == 3

@@ -12,8 +12,17 @@ What is kept in ``folder``:
   named by its canonical genes (:func:`~pipelines.search.genome.key`). A candidate already scored is
   never scored again, in this round or a later one; the scorer's results must depend only on the
   genome and settings that ``folder`` is reserved for.
+* ``rescores/<key>-<seed>.json``: one more fine-tune of a candidate, at seed index 1, 2, ... (below).
 * ``history.json``: one entry per finished round (its candidates in order, their scores, the kept
-  set after it, the best and the median score), written atomically when the round ends.
+  set after it, the best and the median score, the candidates rescored in it), written atomically when
+  the round ends.
+
+With ``rescore_top_k``, each round ends by rescoring: while one of the ``rescore_top_k`` best candidates
+scored so far has a single score, it is scored again at ``rescore_seeds`` more seed indices, and its
+score becomes the mean over its seeds (``seed_scores`` keeps each, ``rescored_round`` the round). So a
+candidate is rescored before it is among the best that become parents or the result. A round's genomes
+are drawn from the kept set as the rounds before it left it: a rescoring of the round itself (which a
+killed search may have half done) does not count there.
 
 A search killed at any moment and started again in the same folder regenerates the unfinished
 round, scores only what it had not scored, and ends with the history and best genome an
@@ -46,10 +55,14 @@ class Settings:
     seed: int
     n_subpolicies: int
     include: tuple[Genome, ...] = ()  # genomes scored first in round 0
+    rescore_top_k: int = 0  # the best this many are rescored ...
+    rescore_seeds: int = 0  # ... at this many more seed indices
 
 
 # Scores a batch of genomes; yields (genome, result) as each is scored, result holding at least "score".
 Scorer = Callable[[list[Genome]], Iterable[tuple[Genome, dict]]]
+# Scores a batch of (genome, seed index) again; yields (genome, seed index, result) as each is scored.
+Rescorer = Callable[[list[tuple[Genome, int]]], Iterable[tuple[Genome, int, dict]]]
 
 
 def round_genomes(s: Settings, round_index: int, kept: Sequence[Genome]) -> list[Genome]:
@@ -68,12 +81,27 @@ def round_genomes(s: Settings, round_index: int, kept: Sequence[Genome]) -> list
     return [canonical(g, n) for g in genomes]
 
 
+def first_score(result: dict) -> float:
+    """A candidate's score from its first fine-tune."""
+    return result["seed_scores"][0]
+
+
+def score_as_of(result: dict, round_index: int | None) -> float:
+    """A candidate's score as it stood at the end of round ``round_index`` (``None``: now): the mean over its
+    seeds once it was rescored in that round or before, else its first score."""
+    rescored = result.get("rescored_round")
+    if rescored is None or (round_index is not None and rescored > round_index):
+        return first_score(result)
+    return result["score"]
+
+
 class Search:
     """A search's state in ``folder``: the scored candidates and the finished rounds."""
 
     def __init__(self, folder: str | Path, settings: Settings):
         self.folder, self.settings = Path(folder), settings
         self.candidates = self.folder / "candidates"
+        self.rescores = self.folder / "rescores"
         self.candidates.mkdir(parents=True, exist_ok=True)
         history = self.folder / "history.json"
         self.history: list[dict] = json.loads(history.read_text()) if history.is_file() else []
@@ -82,35 +110,45 @@ class Search:
         path = self.candidates / f"{key(genome, self.settings.n_subpolicies)}.json"
         return json.loads(path.read_text()) if path.is_file() else None
 
-    def kept(self) -> list[Genome]:
-        """The ``kept`` best genomes scored in the finished rounds (lowest score first; ties by key)."""
-        return [tuple(r["genome"]) for r in self.ranked()[:self.settings.kept]]
+    def kept(self, as_of: int | None = None) -> list[Genome]:
+        """The ``kept`` best genomes scored in the finished rounds (lowest score first; ties by key), ranked
+        by their scores at the end of round ``as_of`` (``None``: now)."""
+        return [tuple(r["genome"]) for r in self.ranked(as_of)[:self.settings.kept]]
 
     def best(self) -> dict | None:
         ranked = self.ranked()
         return ranked[0] if ranked else None
 
-    def ranked(self) -> list[dict]:
-        keys = {k for entry in self.history for k in entry["candidates"]}
+    def ranked(self, as_of: int | None = None, also: Iterable[str] = ()) -> list[dict]:
+        """The candidates of the finished rounds (and ``also``, keys of the round under way), best first, by
+        :func:`score_as_of` ``as_of``."""
+        keys = {k for entry in self.history for k in entry["candidates"]} | set(also)
         results = [json.loads((self.candidates / f"{k}.json").read_text()) for k in keys]
-        return sorted(results, key=lambda r: (r["score"], r["key"]))
+        return sorted(results, key=lambda r: (score_as_of(r, as_of), r["key"]))
 
-    def run(self, score: Scorer, *, on_round: Callable[[dict], None] | None = None) -> dict:
-        """Run the rounds not finished yet; return the best candidate."""
+    def run(self, score: Scorer, *, rescore: Rescorer | None = None,
+            on_round: Callable[[dict], None] | None = None) -> dict:
+        """Run the rounds not finished yet, rescoring with ``rescore`` where ``rescore_top_k`` asks; return
+        the best candidate."""
         s = self.settings
         for index in range(len(self.history), s.rounds):
-            genomes = round_genomes(s, index, self.kept())
+            genomes = round_genomes(s, index, self.kept(as_of=index - 1))
             todo = list({key(g, s.n_subpolicies): g for g in genomes if self.scored(g) is None}.values())
             for genome, result in score(todo):
                 write_json(self.candidates / f"{key(genome, s.n_subpolicies)}.json",
-                           {**result, "genome": list(genome), "key": key(genome, s.n_subpolicies), "round": index})
+                           {**result, "seed_scores": [result["score"]], "genome": list(genome),
+                            "key": key(genome, s.n_subpolicies), "round": index})
             results = [self.scored(g) for g in genomes]
             missing = [key(g, s.n_subpolicies) for g, r in zip(genomes, results) if r is None]
             if missing:
                 raise RuntimeError(f"round {index}: the scorer returned no result for {len(missing)} genome(s)")
+            self._rescore_best(index, [r["key"] for r in results], rescore)
+            rescored = [r["key"] for r in self.ranked(index, [r["key"] for r in results])
+                        if r.get("rescored_round") == index]  # best first (a resumed round rescores in part)
+            results = [self.scored(g) for g in genomes]
             scores = [r["score"] for r in results]
             entry = {"round": index, "candidates": [r["key"] for r in results], "scores": scores,
-                     "round_best": min(scores), "median": statistics.median(scores)}
+                     "round_best": min(scores), "median": statistics.median(scores), "rescored": rescored}
             self.history.append(entry)
             best = self.best()
             entry.update(best={"key": best["key"], "score": best["score"]},
@@ -119,3 +157,30 @@ class Search:
             if on_round is not None:
                 on_round(entry)
         return self.best()
+
+    def _rescore_best(self, index: int, current: list[str], rescore: Rescorer | None) -> None:
+        """Rescore, one candidate at a time (its seeds side by side), the best of the ``rescore_top_k`` best (of
+        the finished rounds and ``current``) not rescored yet, until there is none.
+        One at a time, so that every state a kill can leave is one an uninterrupted search passes through."""
+        s = self.settings
+        if not s.rescore_top_k:
+            return
+        if rescore is None:
+            raise ValueError("settings.rescore_top_k asks for rescoring but no rescorer was given")
+        seeds = range(1, s.rescore_seeds + 1)
+        while todo := [r for r in self.ranked(index, current)[:s.rescore_top_k] if "rescored_round" not in r]:
+            r = todo[0]
+            self.rescores.mkdir(exist_ok=True)
+            jobs = [(tuple(r["genome"]), i) for i in seeds if not self._rescore_file(r["key"], i).is_file()]
+            for genome, i, result in rescore(jobs):
+                write_json(self._rescore_file(key(genome, s.n_subpolicies), i), result)
+            if missing := [i for i in seeds if not self._rescore_file(r["key"], i).is_file()]:
+                raise RuntimeError(f"round {index}: the rescorer returned no result for {r['key']} at seed(s) {missing}")
+            extra = [json.loads(self._rescore_file(r["key"], i).read_text()) for i in seeds]
+            seed_scores = [first_score(r), *(x["score"] for x in extra)]
+            write_json(self.candidates / f"{r['key']}.json",
+                       {**r, "score": sum(seed_scores) / len(seed_scores), "seed_scores": seed_scores,
+                        "rescores": extra, "rescored_round": index})
+
+    def _rescore_file(self, genome_key: str, seed_index: int) -> Path:
+        return self.rescores / f"{genome_key}-{seed_index}.json"

@@ -75,6 +75,8 @@ class ScaleAwareAutoAugment:
         filler_pool_iters: iterations after which the filler pool changes.
         off_from: the iteration from which the transform does nothing (the strong-augmentation-off tail of
             ``augment.off_tail``); ``None``: never off.
+        translate_relative: translate's pixels scaled by the image's shorter side over 800 (the original's
+            image size) rather than the same pixels at any size.
 
     Call with ``(image uint8 [3, H, W], target, ctx)`` after resize and flip, before normalisation;
     returns a new ``(image, target)`` of the same size (the inputs are never modified in place).
@@ -83,7 +85,7 @@ class ScaleAwareAutoAugment:
 
     def __init__(self, policy: Policy, *, scale_splits: Sequence[int] = (2048, 10240, 51200), box_prob: float = 0.3,
                  max_iter: int, filler_cache_mb: float = 64.0, filler_pool: int = 0, filler_pool_iters: int = 1,
-                 off_from: int | None = None):
+                 off_from: int | None = None, translate_relative: bool = False):
         self.policy = policy
         self.scale_splits = tuple(scale_splits)
         self.box_prob = float(box_prob)
@@ -92,6 +94,7 @@ class ScaleAwareAutoAugment:
         self.filler_pool = int(filler_pool)
         self.filler_pool_iters = int(filler_pool_iters)
         self.off_from = None if off_from is None else int(off_from)
+        self.translate_relative = bool(translate_relative)
         self._fillers = SampleCache(int(self.filler_cache_mb * 2**20))
 
     def ramp(self, iteration: int) -> float:
@@ -118,7 +121,8 @@ class ScaleAwareAutoAugment:
             selected = select_boxes(boxes, ratios=self.policy.prob_ratios, box_prob=self.box_prob,
                                     scale_splits=self.scale_splits, rng=rng)
             image, target = geometric_op(sub.geometric.name, planar(image) if selected.any() else image, target,
-                                         level=sub.geometric.level, selected=selected, rng=rng)
+                                         level=sub.geometric.level, selected=selected, rng=rng,
+                                         translate_relative=self.translate_relative)
         return image, target
 
     def _zoom(self, image: torch.Tensor, target: dict, ctx: SampleContext) -> tuple[torch.Tensor, dict]:
@@ -143,4 +147,5 @@ class ScaleAwareAutoAugment:
         return (f"ScaleAwareAutoAugment(scale_splits={list(self.scale_splits)}, box_prob={self.box_prob}, "
                 f"max_iter={self.max_iter}, filler_cache_mb={self.filler_cache_mb}, "
                 f"filler_pool={self.filler_pool}, filler_pool_iters={self.filler_pool_iters}"
-                f"{'' if self.off_from is None else f', off_from={self.off_from}'},\n    {policy})")
+                f"{'' if self.off_from is None else f', off_from={self.off_from}'}"
+                f"{', translate_relative=True' if self.translate_relative else ''},\n    {policy})")
