@@ -20,9 +20,10 @@ What is kept in ``folder``:
 With ``rescore_top_k``, each round ends by rescoring: while one of the ``rescore_top_k`` best candidates
 scored so far has a single score, it is scored again at ``rescore_seeds`` more seed indices, and its
 score becomes the mean over its seeds (``seed_scores`` keeps each, ``rescored_round`` the round). So a
-candidate is rescored before it is among the best that become parents or the result. A round's genomes
-are drawn from the kept set as the rounds before it left it: a rescoring of the round itself (which a
-killed search may have half done) does not count there.
+candidate is rescored before it is among the best that become parents or the result. A round rescores
+only its own new candidates: after it, its ``rescore_top_k`` best are rescored and their scores fixed, and
+later candidates only add above, so a candidate not rescored in its round never reaches them again. A
+round half rescored when killed therefore changes nothing that the next try's genomes are drawn from.
 
 A search killed at any moment and started again in the same folder regenerates the unfinished
 round, scores only what it had not scored, and ends with the history and best genome an
@@ -81,20 +82,6 @@ def round_genomes(s: Settings, round_index: int, kept: Sequence[Genome]) -> list
     return [canonical(g, n) for g in genomes]
 
 
-def first_score(result: dict) -> float:
-    """A candidate's score from its first fine-tune."""
-    return result["seed_scores"][0]
-
-
-def score_as_of(result: dict, round_index: int | None) -> float:
-    """A candidate's score as it stood at the end of round ``round_index`` (``None``: now): the mean over its
-    seeds once it was rescored in that round or before, else its first score."""
-    rescored = result.get("rescored_round")
-    if rescored is None or (round_index is not None and rescored > round_index):
-        return first_score(result)
-    return result["score"]
-
-
 class Search:
     """A search's state in ``folder``: the scored candidates and the finished rounds."""
 
@@ -110,21 +97,19 @@ class Search:
         path = self.candidates / f"{key(genome, self.settings.n_subpolicies)}.json"
         return json.loads(path.read_text()) if path.is_file() else None
 
-    def kept(self, as_of: int | None = None) -> list[Genome]:
-        """The ``kept`` best genomes scored in the finished rounds (lowest score first; ties by key), ranked
-        by their scores at the end of round ``as_of`` (``None``: now)."""
-        return [tuple(r["genome"]) for r in self.ranked(as_of)[:self.settings.kept]]
+    def kept(self) -> list[Genome]:
+        """The ``kept`` best genomes scored in the finished rounds (lowest score first; ties by key)."""
+        return [tuple(r["genome"]) for r in self.ranked()[:self.settings.kept]]
 
     def best(self) -> dict | None:
         ranked = self.ranked()
         return ranked[0] if ranked else None
 
-    def ranked(self, as_of: int | None = None, also: Iterable[str] = ()) -> list[dict]:
-        """The candidates of the finished rounds (and ``also``, keys of the round under way), best first, by
-        :func:`score_as_of` ``as_of``."""
+    def ranked(self, also: Iterable[str] = ()) -> list[dict]:
+        """The candidates of the finished rounds (and ``also``, keys of the round under way), best first."""
         keys = {k for entry in self.history for k in entry["candidates"]} | set(also)
         results = [json.loads((self.candidates / f"{k}.json").read_text()) for k in keys]
-        return sorted(results, key=lambda r: (score_as_of(r, as_of), r["key"]))
+        return sorted(results, key=lambda r: (r["score"], r["key"]))
 
     def run(self, score: Scorer, *, rescore: Rescorer | None = None,
             on_round: Callable[[dict], None] | None = None) -> dict:
@@ -132,7 +117,7 @@ class Search:
         the best candidate."""
         s = self.settings
         for index in range(len(self.history), s.rounds):
-            genomes = round_genomes(s, index, self.kept(as_of=index - 1))
+            genomes = round_genomes(s, index, self.kept())
             todo = list({key(g, s.n_subpolicies): g for g in genomes if self.scored(g) is None}.values())
             for genome, result in score(todo):
                 write_json(self.candidates / f"{key(genome, s.n_subpolicies)}.json",
@@ -143,7 +128,7 @@ class Search:
             if missing:
                 raise RuntimeError(f"round {index}: the scorer returned no result for {len(missing)} genome(s)")
             self._rescore_best(index, [r["key"] for r in results], rescore)
-            rescored = [r["key"] for r in self.ranked(index, [r["key"] for r in results])
+            rescored = [r["key"] for r in self.ranked([r["key"] for r in results])
                         if r.get("rescored_round") == index]  # best first (a resumed round rescores in part)
             results = [self.scored(g) for g in genomes]
             scores = [r["score"] for r in results]
@@ -168,7 +153,7 @@ class Search:
         if rescore is None:
             raise ValueError("settings.rescore_top_k asks for rescoring but no rescorer was given")
         seeds = range(1, s.rescore_seeds + 1)
-        while todo := [r for r in self.ranked(index, current)[:s.rescore_top_k] if "rescored_round" not in r]:
+        while todo := [r for r in self.ranked(current)[:s.rescore_top_k] if "rescored_round" not in r]:
             r = todo[0]
             self.rescores.mkdir(exist_ok=True)
             jobs = [(tuple(r["genome"]), i) for i in seeds if not self._rescore_file(r["key"], i).is_file()]
@@ -177,7 +162,7 @@ class Search:
             if missing := [i for i in seeds if not self._rescore_file(r["key"], i).is_file()]:
                 raise RuntimeError(f"round {index}: the rescorer returned no result for {r['key']} at seed(s) {missing}")
             extra = [json.loads(self._rescore_file(r["key"], i).read_text()) for i in seeds]
-            seed_scores = [first_score(r), *(x["score"] for x in extra)]
+            seed_scores = [r["seed_scores"][0], *(x["score"] for x in extra)]
             write_json(self.candidates / f"{r['key']}.json",
                        {**r, "score": sum(seed_scores) / len(seed_scores), "seed_scores": seed_scores,
                         "rescores": extra, "rescored_round": index})

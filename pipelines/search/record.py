@@ -102,6 +102,9 @@ class SearchRecord:
         return found
 
     def _child(self, parent: Tracker, name: str, params: dict) -> Tracker:
+        """A child run of ``parent``; none (a no-op tracker) where the parent has no run."""
+        if not parent.active:
+            return Tracker()
         return Tracker.start(experiment=self.experiment, run_name=name, params=params,
                              tags={PARENT_TAG: parent.run_id} if parent.run_id else {})
 
