@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 
 SEARCH = ["search.population=3", "search.rounds=2", "search.kept=2", "search.mutations=1", "search.crossovers=1",
           "search.random=0", "search.fine_tune_iters=2", "search.candidates_at_once=2", "search.heldout_fraction=0.25",
+          "search.rescore_top_k=1", "search.rescore_seeds=1",
           "loader.num_workers=1"]  # as by default: a candidate's process must not start loader workers
 STAGES = {"search/dvc.yaml:holdout", "search/dvc.yaml:cache", "search/dvc.yaml:baseline", "search/dvc.yaml:search"}
 
@@ -73,8 +74,19 @@ def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(
     runs = client.search_runs([client.get_experiment_by_name("detection").experiment_id])
     (parent,) = [r for r in runs if r.data.tags.get("pipeline.stage") == "search"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    null = [r for r in children if r.data.params["genome"] == "null"]  # the comparator, at seed indices 0 and 1
+    children = [r for r in children if r not in null]
+    assert sorted(r.data.params["seed_index"] for r in null) == ["0", "1"]
     assert sorted(r.data.params["genome"] for r in children) == candidates
-    assert all({"score", "APs", "APm", "APl", "loss_share/small"} <= set(r.data.metrics) for r in children)
+    assert all({"score", "balance", "pareto_penalty", "regulariser", "APs", "APm", "APl", "loss_share/small"}
+               <= set(r.data.metrics) for r in children)
+    rescored = json.loads((state / "candidates" / f"{history[0]['rescored'][0]}.json").read_text())
+    assert len(rescored["seed_scores"]) == 2 and rescored["score"] == pytest.approx(sum(rescored["seed_scores"]) / 2)
+    assert json.loads((state / "candidates" / f"{best['key']}.json").read_text())["rescored_round"] in (0, 1)
+    (run,) = [r for r in children if r.data.params["genome"] == rescored["key"]]
+    assert run.data.metrics["score"] == pytest.approx(rescored["score"])  # the mean over its seeds
+    seeds = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "seed_score"))
+    assert [s for s, _ in seeds] == [0, 1] and [v for _, v in seeds] == pytest.approx(rescored["seed_scores"])
     assert parent.data.metrics["search/best_score"] == best["score"]
     assert parent.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
