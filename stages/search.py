@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         best_policy = decode_policy(best["genome"], augment.n_subpolicies)
         write_json(args.policy, {"policy": best["genome"], "n_subpolicies": augment.n_subpolicies,
                                  "scale_splits": augment.scale_splits, "key": best["key"],
+                                 "translate_relative": p.search.translate_relative,  # recorded; training keeps its own
                                  "score": best["score"], "policy_text": str(best_policy)})
         write_json(args.metrics, record.metrics(best, baseline, comparators))
         write_json(args.curve, [{"round": e["round"], "best": e["best"]["score"], "round_best": e["round_best"],
