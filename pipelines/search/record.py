@@ -106,7 +106,7 @@ class SearchRecord:
         if not parent.active:
             return Tracker()
         return Tracker.start(experiment=self.experiment, run_name=name, params=params,
-                             tags={PARENT_TAG: parent.run_id} if parent.run_id else {})
+                             tags={PARENT_TAG: parent.run_id})
 
     def tracked(self, score: Scorer, parent: Tracker) -> Scorer:
         """``score`` with a progress bar, each scored candidate recorded as a child run of ``parent``: its score
