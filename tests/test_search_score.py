@@ -130,7 +130,8 @@ def test_a_killed_search_process_resumes_mid_rescoring_to_the_uninterrupted_hist
 
 
 def test_the_proxy_warms_up_over_half_the_fine_tune_and_scales_translate(params):
-    tuned = fine_tune_params(params)
+    tuned = fine_tune_params(search_params(params))
+    assert tuned.augment.scale_splits == [210, 1049, 5243]  # search.scale_splits auto: what policy.json trains with
     assert params.search.proxy_warmup_fraction == 0.5 and params.search.fine_tune_iters == 100
     assert (tuned.train.max_iter, tuned.train.warmup_iters, tuned.train.warmup_factor) == (100, 50, WARMUP_FACTOR)
     assert tuned.augment.translate_relative and not params.augment.translate_relative  # on in the proxy only
