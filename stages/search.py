@@ -5,8 +5,9 @@ of its schedule, on the train images less the held-out ones) and is scored on th
 the original's "Pareto scale balance" against the baseline's own APs there (``pipelines.search``).
 ``--out`` keeps the state: every scored candidate and finished round, so a search stopped or killed at
 any moment continues where it was, to the result an uninterrupted one gives. What it writes:
-the best policy (``--policy``, read by ``augment=searched``), its metrics, the search curve and the
-best candidates' scale bins for ``dvc plots``. In MLflow: one parent run, one child run per candidate.
+the best policy by the score (``--policy``), its metrics, every candidate best first (``--ranked``, what the
+confirm stage trains the best of), the search curve and the best candidates' scale bins for ``dvc plots``.
+In MLflow: one parent run, one child run per candidate.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ EMPTY_BIN = 0.01  # a bin with a smaller share of the train boxes gets a warning
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, output_folders=("out",), output_files=("policy", "metrics", "curve", "bins"),
+    args = cli.parse_args(__doc__, argv, output_folders=("out",), output_files=("policy", "ranked", "metrics", "curve", "bins"),
                           cache="the search's annotation caches (train, val: held out)",
                           prepared="the search's prepared dataset (val.json: the held-out ground truth)",
                           baseline="the baseline model the candidates fine-tune", out="the search's state folder",
-                          policy="the best policy (JSON)", metrics="the best candidate's figures (JSON)",
+                          policy="the best policy by the score (JSON)",
+                          ranked="every scored candidate, best first (JSON)", metrics="the best candidate's figures (JSON)",
                           curve="best and median score per round (JSON) for dvc plots",
                           bins="the best candidates' loss shares per scale (JSON) for dvc plots")
     if os.environ.get("DVC_STAGE"):  # started by DVC: it dies with dvc (and its candidate processes with it)
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         write_json(args.metrics, {"score": best["score"], **{k: best[k] for k in ("AP", "APs", "APm", "APl")},
                                   **{f"baseline_{k}": v for k, v in baseline.items() if k != "seconds"},
                                   "candidates": len(list((args.out / "candidates").glob("*.json")))})
+        write_json(args.ranked, search.ranked())
         write_json(args.curve, [{"round": e["round"], "best": e["best"]["score"], "round_best": e["round_best"],
                                  "median": e["median"]} for e in search.history])
         write_json(args.bins, record.top_bins(search, TOP))

@@ -192,6 +192,13 @@ class Search:
     # The area bounds of the score's bins and of the policy's scale buckets: null, augment.scale_splits (the
     # original's, COCO's at 800 pixels); auto, those scaled to min(model.min_size_train); or three areas
     scale_splits: Any = None
+    # The confirm stage: the confirm_top_k best candidates and the augment presets confirm_arms (conf/augment/;
+    # a missing one is skipped with a warning) trained on the search-train images at confirm_seeds seeds
+    # (seed, seed + 1, ...) up to confirm_fraction of train.max_iter (on its schedule), scored by held-out AP
+    confirm_top_k: int = MISSING
+    confirm_arms: list[str] = MISSING
+    confirm_seeds: int = MISSING
+    confirm_fraction: float = MISSING
 
 
 @dataclass

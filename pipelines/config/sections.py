@@ -5,6 +5,7 @@ which calls them in order and adds the rules across sections).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -181,3 +182,13 @@ def check_search(search: Search, require: Require) -> None:
         and all(isinstance(x, int) and not isinstance(x, bool) for x in splits)
         and list(splits) == sorted(set(splits)) and splits[0] > 0),
         "search.scale_splits", "null, auto or three increasing positive areas", splits)
+    require(search.confirm_top_k >= 0, "search.confirm_top_k", "an integer >= 0", search.confirm_top_k)
+    require(search.confirm_seeds >= 1, "search.confirm_seeds", "at least 1", search.confirm_seeds)
+    require(0 < search.confirm_fraction <= 1, "search.confirm_fraction", "a fraction in (0, 1]",
+            search.confirm_fraction)
+    arms = search.confirm_arms
+    require(all(re.fullmatch(r"\w[\w.-]*", a) and not a.startswith("searched") for a in arms)
+            and len(set(arms)) == len(arms), "search.confirm_arms",
+            "distinct augment preset names of conf/augment/ (not searched: the stage writes its policy file)", arms)
+    require(search.confirm_top_k + len(arms) >= 1, "search.confirm_top_k",
+            "at least one policy to confirm (confirm_top_k + the presets of confirm_arms)", search.confirm_top_k)
