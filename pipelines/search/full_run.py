@@ -96,12 +96,17 @@ class FullRun:
                    str(checkpoints), "--model", str(model), "--run", str(run), "--train-log", str(work / "train_log.csv"),
                    "--preview", str(work / "augment_preview.png")]
         env = {**os.environ, **({PARENT_RUN_ENV: self.parent_run_id} if self.parent_run_id else {})}
-        code = subprocess.run(command, env=env).returncode  # its progress and its one-line errors on stderr
+        code = launch_process(command, env)
         if code - 128 in {int(s) for s in STOP_SIGNALS}:
             raise Stopped(f"stopped by {signal.Signals(code - 128).name}", signum=code - 128)
         if code:
             raise TrainingError(f"confirm run {arm.name}, seed {seed}: the train stage exited with code {code} (its "
                                 f"error above); run the stage again to resume it from {checkpoints}")
+
+
+def launch_process(command: list[str], env: dict[str, str]) -> int:
+    """Run the launcher's ``command``; its exit code (its progress and its one-line errors go to stderr)."""
+    return subprocess.run(command, env=env).returncode
 
 
 def heldout_figures(p, model_file: Path, cache: Path, heldout: Path) -> dict[str, float | None]:
