@@ -91,7 +91,7 @@ def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(
     assert parent.data.metrics["search/best_score"] == best["score"]
     assert parent.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"policy.json", "best_policy.txt", "preview"} <= artifacts
+    assert {"search_policy.json", "best_policy.txt", "preview", "confirm"} <= artifacts
 
 
 def test_a_killed_search_resumes_to_the_history_and_policy_of_an_uninterrupted_one(repo):
