@@ -66,7 +66,8 @@ def test_the_confirm_stage_trains_each_arm_with_the_train_stage_and_writes_the_b
                                                                                     monkeypatch, restore_logging):
     """One candidate and a missing preset (skipped with a warning), one seed: the train stage trains it as
     ``augment=searched`` would, as a child run of the search's MLflow run; the table, the policy file and the
-    held-out figures on the run. Run again, it trains nothing and writes the same."""
+    held-out figures on the run. Run again (with another setting of the search), it trains nothing and writes
+    the same."""
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # the store's artifacts go there too
@@ -125,6 +126,7 @@ def test_the_confirm_stage_trains_each_arm_with_the_train_stage_and_writes_the_b
     assert client.get_run(parent.run_id).data.metrics["confirm/search-1/AP"] == pytest.approx(entry["AP"])
 
     before = {name: path.read_text() for name, path in out.items() if path.is_file()}
+    params.write_text(yaml.safe_dump(_with(raw, search__rounds=9), sort_keys=False))  # another search setting
     stage.main(argv)
     assert len(commands) == 1  # the kept run was not trained again
     assert {name: path.read_text() for name, path in out.items() if path.is_file()} == before

@@ -9,6 +9,7 @@ augmentation and post-processing), never on val. The training run is a child of 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import signal
 import subprocess
@@ -20,10 +21,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from .. import launch
+from .. import launch, lifetime
 from ..build import data as build_data
 from ..build import model as build_model
-from ..config.load import params_from_dict
+from ..config.load import params_from_dict, training_params
 from ..data.annotation_cache import AnnotationCache
 from ..data.dataset import DetectionDataset
 from ..errors import STOP_SIGNALS, Stopped, TrainingError
@@ -61,10 +62,12 @@ class FullRun:
         return raw
 
     def identity(self, arm: Arm, seed: int, work: Path) -> dict:
-        """What the run's result depends on: its params, the arm's genes and bounds, the data."""
-        data = {split: (self.cache / split / "meta.json").read_text() for split in ("train", "val")}
-        return {"params": self.params(arm, seed, work), "genes": arm.genes, "scale_splits": arm.scale_splits,
-                "data": data}
+        """What the run's result depends on: the params that set its weights, the evaluation's, the arm's genes
+        and bounds, the data (not the search's settings: a wider confirmation keeps the runs it has)."""
+        raw = self.params(arm, seed, work)
+        data = {split: json.loads((self.cache / split / "meta.json").read_text())["arrays"] for split in ("train", "val")}
+        return {"train": training_params(params_from_dict(raw)), "evaluate": raw["evaluate"], "genes": arm.genes,
+                "scale_splits": arm.scale_splits, "data": data}
 
     def __call__(self, arm: Arm, seed: int, work: Path) -> dict:
         work.mkdir(parents=True, exist_ok=True)
@@ -106,7 +109,7 @@ class FullRun:
 
 def launch_process(command: list[str], env: dict[str, str]) -> int:
     """Run the launcher's ``command``; its exit code (its progress and its one-line errors go to stderr)."""
-    return subprocess.run(command, env=env).returncode
+    return subprocess.run(command, env=env, preexec_fn=lifetime.parent_death_signal).returncode  # dies with us
 
 
 def heldout_figures(p, model_file: Path, cache: Path, heldout: Path) -> dict[str, float | None]:
