@@ -34,12 +34,14 @@ EMPTY_BIN = 0.01  # a bin with a smaller share of the train boxes gets a warning
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, output_folders=("out",), output_files=("policy", "ranked", "metrics", "curve", "bins"),
+    args = cli.parse_args(__doc__, argv, output_folders=("out",),
+                          output_files=("policy", "ranked", "metrics", "curve", "bins"),
                           cache="the search's annotation caches (train, val: held out)",
                           prepared="the search's prepared dataset (val.json: the held-out ground truth)",
                           baseline="the baseline model the candidates fine-tune", out="the search's state folder",
                           policy="the best policy by the score (JSON)",
-                          ranked="every scored candidate, best first (JSON)", metrics="the best candidate's figures (JSON)",
+                          ranked="every scored candidate, best first (JSON)",
+                          metrics="the best candidate's figures (JSON)",
                           curve="best and median score per round (JSON) for dvc plots",
                           bins="the best candidates' loss shares per scale (JSON) for dvc plots")
     if os.environ.get("DVC_STAGE"):  # started by DVC: it dies with dvc (and its candidate processes with it)

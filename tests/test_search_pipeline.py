@@ -63,7 +63,8 @@ def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(
     ranked = json.loads((repo / "search" / "outputs" / "ranked.json").read_text())
     assert sorted(r["key"] for r in ranked) == candidates and ranked[0]["key"] == best["key"]
     confirmed = json.loads((repo / "search" / "outputs" / "policy.json").read_text())  # the only arm: the best
-    assert {k: confirmed[k] for k in ("policy", "scale_splits", "key")} == {k: best[k] for k in ("policy", "scale_splits", "key")}
+    same = ("policy", "scale_splits", "key")
+    assert {k: confirmed[k] for k in same} == {k: best[k] for k in same}
     table = json.loads((repo / "search" / "metrics" / "confirm.json").read_text())
     assert table["winner"] == "search-1" and table["arms"]["search-1"]["key"] == best["key"]
     metrics = json.loads((repo / "search" / "metrics" / "search.json").read_text())
