@@ -1,7 +1,7 @@
-"""Stage confirm (search/dvc.yaml): confirm before output. The ``search.confirm_top_k`` best candidates of the
-search and the augment presets of ``search.confirm_arms`` (``sa_autoaug``: the published policy; a preset
+"""Stage confirm (search/dvc.yaml): confirm before output. The ``confirm.top_k`` best candidates of the
+search and the augment presets of ``confirm.arms`` (``sa_autoaug``: the published policy; a preset
 missing from ``conf/augment/`` is skipped with a warning) are trained by the train stage on the search-train
-images at ``search.confirm_seeds`` seeds (``seed``, ``seed`` + 1, ...) up to ``search.confirm_fraction`` of
+images at ``confirm.seeds`` seeds (``seed``, ``seed`` + 1, ...) up to ``confirm.fraction`` of
 the schedule, and scored by AP on the held-out images (never val). The best by mean AP is written as the
 policy file (``--policy``, read by ``augment=searched``): a candidate's genes and bounds, or a preset's whole
 augment section; so the output is at least as good as the published policy on held-out data, up to noise.
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     if os.environ.get("DVC_STAGE"):  # started by DVC: it dies with dvc (and the training it started with it)
         lifetime.die_with(lifetime.owner_beyond_shells())
     p = search_params(load_params(args.params))  # the search's scale bounds: the candidates train with them
-    s, n = p.search, p.augment.n_subpolicies
+    c, n = p.confirm, p.augment.n_subpolicies
     root = Path.cwd()
 
     def compose(preset: str) -> dict | None:
@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> None:
         return yaml.safe_load(compose_params(root, [f"augment={preset}"]))["augment"]
 
     candidates = json.loads(args.ranked.read_text())
-    confirmed = arms(candidates, top_k=s.confirm_top_k, presets=s.confirm_arms, compose=compose,
+    confirmed = arms(candidates, top_k=c.top_k, presets=c.arms, compose=compose,
                      scale_splits=p.augment.scale_splits, n_subpolicies=n)
-    seeds = [p.seed + i for i in range(s.confirm_seeds)]
+    seeds = [p.seed + i for i in range(c.seeds)]
     parent = read_run_file(args.search_run).get("run_id")
     run = FullRun(raw=yaml.safe_load(Path(args.params).read_text()), cache=args.cache,
-                  heldout=args.prepared / "val.json", train_module=train_stage.__name__, fraction=s.confirm_fraction,
+                  heldout=args.prepared / "val.json", train_module=train_stage.__name__, fraction=c.fraction,
                   n_subpolicies=n, parent_run_id=parent)
     log.info("confirming %d policies (%s) at seeds %s", len(confirmed), ", ".join(a.name for a in confirmed), seeds)
     figures = table(confirmed, seeds, confirm(confirmed, seeds, run, args.out, identity=run.identity))

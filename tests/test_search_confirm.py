@@ -90,7 +90,7 @@ def test_the_confirm_stage_trains_each_arm_with_the_train_stage_and_writes_the_b
         return 0
 
     monkeypatch.setattr(full_run, "launch_process", launched)
-    raw = _with(tiny, search__confirm_top_k=1, search__confirm_seeds=1, search__confirm_arms=["no_such_preset"],
+    raw = _with(tiny, confirm__top_k=1, confirm__seeds=1, confirm__arms=["no_such_preset"],
                 model__precision="fp32", train__max_iter=2)
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -199,11 +199,11 @@ def test_the_policy_file_trains_the_winner_a_candidate_or_a_preset(tiny, tmp_pat
 
 
 @pytest.mark.parametrize("setting, message", [
-    ({"search__confirm_arms": ["flip", "flip"]}, "search.confirm_arms: expected distinct augment preset names"),
-    ({"search__confirm_arms": ["searched"]}, "search.confirm_arms: expected distinct augment preset names"),
-    ({"search__confirm_arms": [], "search__confirm_top_k": 0}, "search.confirm_top_k: expected at least one policy"),
-    ({"search__confirm_seeds": 0}, "search.confirm_seeds: expected at least 1"),
-    ({"search__confirm_fraction": 0}, "search.confirm_fraction: expected a fraction in (0, 1]"),
+    ({"confirm__arms": ["flip", "flip"]}, "confirm.arms: expected distinct augment preset names"),
+    ({"confirm__arms": ["searched"]}, "confirm.arms: expected distinct augment preset names"),
+    ({"confirm__arms": [], "confirm__top_k": 0}, "confirm.top_k: expected at least one policy"),
+    ({"confirm__seeds": 0}, "confirm.seeds: expected at least 1"),
+    ({"confirm__fraction": 0}, "confirm.fraction: expected a fraction in (0, 1]"),
 ])
 def test_bad_confirm_settings_are_one_line_errors(tiny, setting, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 SEARCH = ["search.population=3", "search.rounds=2", "search.kept=2", "search.mutations=1", "search.crossovers=1",
           "search.random=0", "search.fine_tune_iters=2", "search.candidates_at_once=2", "search.heldout_fraction=0.25",
           "loader.num_workers=1",  # as by default: a candidate's process must not start loader workers
-          "search.confirm_top_k=1", "search.confirm_arms=[]", "search.confirm_seeds=1"]  # the confirm: one training
+          "confirm.top_k=1", "confirm.arms=[]", "confirm.seeds=1"]  # the confirm: one training
 STAGES = {"search/dvc.yaml:holdout", "search/dvc.yaml:cache", "search/dvc.yaml:baseline", "search/dvc.yaml:search",
           "search/dvc.yaml:confirm"}
 

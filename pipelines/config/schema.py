@@ -192,13 +192,17 @@ class Search:
     # The area bounds of the score's bins and of the policy's scale buckets: null, augment.scale_splits (the
     # original's, COCO's at 800 pixels); auto, those scaled to min(model.min_size_train); or three areas
     scale_splits: Any = None
-    # The confirm stage: the confirm_top_k best candidates and the augment presets confirm_arms (conf/augment/;
-    # a missing one is skipped with a warning) trained on the search-train images at confirm_seeds seeds
-    # (seed, seed + 1, ...) up to confirm_fraction of train.max_iter (on its schedule), scored by held-out AP
-    confirm_top_k: int = MISSING
-    confirm_arms: list[str] = MISSING
-    confirm_seeds: int = MISSING
-    confirm_fraction: float = MISSING
+
+
+@dataclass
+class Confirm:
+    """The policy search's confirm stage (search/dvc.yaml): a section of its own, so that editing it re-runs the
+    confirmation and not the evolution, whose stage depends on the whole ``search`` section."""
+
+    top_k: int = MISSING  # the best candidates of the search by its score...
+    arms: list[str] = MISSING  # ...and these augment presets (conf/augment/; a missing one skipped with a warning)
+    seeds: int = MISSING  # trained at seeds seed, seed + 1, ... on the search-train images...
+    fraction: float = MISSING  # ...up to this fraction of train.max_iter (on its schedule), scored by held-out AP
 
 
 @dataclass
@@ -223,6 +227,7 @@ class Params:
     tracking: Tracking = field(default_factory=Tracking)
     launch: Launch = field(default_factory=Launch)
     search: Search = field(default_factory=Search)
+    confirm: Confirm = field(default_factory=Confirm)
     dataset: Any = None  # SyntheticDataset | CocoDataset, chosen by dataset.name
 
 

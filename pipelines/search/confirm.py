@@ -5,7 +5,7 @@ An *arm* is one policy: a candidate of the search (``search-1`` is its best by t
 scale bounds, trained as ``augment=searched`` trains a policy file) or an augment preset of
 ``conf/augment/`` (``sa_autoaug`` is the published policy). Every arm trains at the same seeds, so a seed's
 initialisation and data order are the same for all (a paired comparison). The winner is the arm of the
-highest mean AP over the seeds; a tie goes to the arm listed first: the presets in ``search.confirm_arms``'
+highest mean AP over the seeds; a tie goes to the arm listed first: the presets in ``confirm.arms``'
 order, then the candidates by rank, so a searched policy must beat the presets to be chosen.
 
 What is kept in ``folder`` (``search/outputs/confirm``): ``<arm id>-s<seed>.json`` per finished run, written
@@ -62,7 +62,7 @@ def arms(ranked: Sequence[dict], *, top_k: int, presets: Sequence[str], compose:
     for preset in presets:
         augment = compose(preset)
         if augment is None:
-            log.warning("search.confirm_arms: conf/augment/%s.yaml does not exist: the %s arm is skipped", preset, preset)
+            log.warning("confirm.arms: conf/augment/%s.yaml does not exist: the %s arm is skipped", preset, preset)
             continue
         genes = augment.get("policy") if augment.get("name") == PUBLISHED_PRESET else None
         found.append(Arm(preset, augment, genes=tuple(genes) if genes else None,
@@ -70,7 +70,7 @@ def arms(ranked: Sequence[dict], *, top_k: int, presets: Sequence[str], compose:
     if top_k:
         searched = compose(SEARCHED_PRESET)
         if searched is None:
-            raise ConfigError(f"conf/augment/{SEARCHED_PRESET}.yaml: not found; search.confirm_top_k > 0 trains the "
+            raise ConfigError(f"conf/augment/{SEARCHED_PRESET}.yaml: not found; confirm.top_k > 0 trains the "
                               "candidates with it")
         for rank, candidate in enumerate(ranked[:top_k], start=1):
             decode_policy(candidate["genome"], n_subpolicies)
