@@ -6,8 +6,9 @@ the original's "Pareto scale balance" against the null candidate's APs there (th
 or the baseline's own, ``search.pareto_comparator``); the best are rescored at more seeds (``pipelines.search``).
 ``--out`` keeps the state: every scored candidate and finished round, so a search stopped or killed at
 any moment continues where it was, to the result an uninterrupted one gives. What it writes:
-the best policy (``--policy``, read by ``augment=searched``), its metrics, the search curve and the
-best candidates' scale bins for ``dvc plots``. In MLflow: one parent run, one child run per candidate.
+the best policy by the score (``--policy``), its metrics, every candidate best first (``--ranked``, what the
+confirm stage trains the best of), the search curve and the best candidates' scale bins for ``dvc plots``.
+In MLflow: one parent run, one child run per candidate.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ EMPTY_BIN = 0.01  # a bin with a smaller share of the train boxes gets a warning
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cli.parse_args(__doc__, argv, output_folders=("out",), output_files=("policy", "metrics", "curve", "bins"),
+    args = cli.parse_args(__doc__, argv, output_folders=("out",),
+                          output_files=("policy", "ranked", "metrics", "curve", "bins"),
                           cache="the search's annotation caches (train, val: held out)",
                           prepared="the search's prepared dataset (val.json: the held-out ground truth)",
                           baseline="the baseline model the candidates fine-tune", out="the search's state folder",
-                          policy="the best policy (JSON)", metrics="the best candidate's figures (JSON)",
+                          policy="the best policy by the score (JSON)",
+                          ranked="every scored candidate, best first (JSON)",
+                          metrics="the best candidate's figures (JSON)",
                           curve="best and median score per round (JSON) for dvc plots",
                           bins="the best candidates' loss shares per scale (JSON) for dvc plots")
     if os.environ.get("DVC_STAGE"):  # started by DVC: it dies with dvc (and its candidate processes with it)
@@ -80,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
                                  "translate_relative": p.search.translate_relative,  # recorded; training keeps its own
                                  "score": best["score"], "policy_text": str(best_policy)})
         write_json(args.metrics, record.metrics(best, baseline, comparators))
+        write_json(args.ranked, search.ranked())
         write_json(args.curve, [{"round": e["round"], "best": e["best"]["score"], "round_best": e["round_best"],
                                  "median": e["median"]} for e in search.history])
         write_json(args.bins, record.top_bins(search, TOP))

@@ -212,6 +212,17 @@ class Search:
 
 
 @dataclass
+class Confirm:
+    """The policy search's confirm stage (search/dvc.yaml): a section of its own, so that editing it re-runs the
+    confirmation and not the evolution, whose stage depends on the whole ``search`` section."""
+
+    top_k: int = MISSING  # the best candidates of the search by its score...
+    arms: list[str] = MISSING  # ...and these augment presets (conf/augment/; a missing one skipped with a warning)
+    seeds: int = MISSING  # trained at seeds seed, seed + 1, ... on the search-train images...
+    fraction: float = MISSING  # ...up to this fraction of train.max_iter (on its schedule), scored by held-out AP
+
+
+@dataclass
 class Launch:
     """Where the processes run, read by ``pipelines.launch`` only: no stage depends on it and it is not in
     the resume fingerprint, so changing it re-runs nothing. ``nodes: 1`` is torchrun's ``--standalone``."""
@@ -233,6 +244,7 @@ class Params:
     tracking: Tracking = field(default_factory=Tracking)
     launch: Launch = field(default_factory=Launch)
     search: Search = field(default_factory=Search)
+    confirm: Confirm = field(default_factory=Confirm)
     dataset: Any = None  # SyntheticDataset | CocoDataset, chosen by dataset.name
 
 

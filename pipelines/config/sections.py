@@ -5,6 +5,7 @@ which calls them in order and adds the rules across sections).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +13,7 @@ from ..errors import ConfigError
 from ..policy import decode_policy
 from .backbones import BACKBONES, WEIGHTS_NORMS, weights_enum, weights_name
 from .presets import group_hint
-from .schema import Augment, Evaluate, Launch, Loader, Model, Search, SyntheticDataset, Tracking, Train
+from .schema import Augment, Confirm, Evaluate, Launch, Loader, Model, Search, SyntheticDataset, Tracking, Train
 
 # require(ok, key, expected, value): raises ConfigError "<source>: <key>: expected <expected>, got <value>"
 # unless ok.
@@ -191,3 +192,15 @@ def check_search(search: Search, require: Require) -> None:
         and all(isinstance(x, int) and not isinstance(x, bool) for x in splits)
         and list(splits) == sorted(set(splits)) and splits[0] > 0),
         "search.scale_splits", "null, auto or three increasing positive areas", splits)
+
+
+def check_confirm(confirm: Confirm, require: Require) -> None:
+    require(confirm.top_k >= 0, "confirm.top_k", "an integer >= 0", confirm.top_k)
+    require(confirm.seeds >= 1, "confirm.seeds", "at least 1", confirm.seeds)
+    require(0 < confirm.fraction <= 1, "confirm.fraction", "a fraction in (0, 1]", confirm.fraction)
+    arms = confirm.arms
+    require(all(re.fullmatch(r"\w[\w.-]*", a) and not a.startswith("searched") for a in arms)
+            and len(set(arms)) == len(arms), "confirm.arms",
+            "distinct augment preset names of conf/augment/ (not searched: the stage writes its policy file)", arms)
+    require(confirm.top_k + len(arms) >= 1, "confirm.top_k",
+            "at least one policy to confirm (top_k + the presets of confirm.arms)", confirm.top_k)
