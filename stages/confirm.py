@@ -25,6 +25,7 @@ from pipelines.fileio import write_json
 from pipelines.search.confirm import arms, confirm, policy_file, table, verdict
 from pipelines.search.full_run import FullRun
 from pipelines.search.proxy import search_params
+from pipelines.search.space import space
 from pipelines.tracking.run import read_run_file
 from pipelines.tracking.tracker import Tracker
 from stages import train as train_stage
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
 
     candidates = json.loads(args.ranked.read_text())
     confirmed = arms(candidates, top_k=c.top_k, presets=c.arms, compose=compose,
-                     scale_splits=p.augment.scale_splits, n_subpolicies=n)
+                     scale_splits=p.augment.scale_splits, space=space(p.search.space, n))
     seeds = [p.seed + i for i in range(c.seeds)]
     parent = read_run_file(args.search_run).get("run_id")
     run = FullRun(raw=yaml.safe_load(Path(args.params).read_text()), cache=args.cache,

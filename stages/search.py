@@ -22,11 +22,12 @@ from pipelines.config.load import load_params, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.fileio import file_sha256, write_json
-from pipelines.policy import PUBLISHED_POLICY, decode_policy
+from pipelines.policy import decode_policy
 from pipelines.search.evolution import Search, Settings
 from pipelines.search.pool import CandidatePool, Scoring
 from pipelines.search.proxy import Proxy, baseline_aps, bin_shares, fine_tune_params, search_params
-from pipelines.search.record import SearchRecord
+from pipelines.search.record import SearchRecord, search_policy
+from pipelines.search.space import space
 from pipelines.tracking.run import open_run
 
 log = logging.getLogger("search")
@@ -49,11 +50,13 @@ def main(argv: list[str] | None = None) -> None:
         lifetime.die_with(lifetime.owner_beyond_shells())
     p = search_params(load_params(args.params))
     augment = p.augment
+    genes = space(p.search.space, augment.n_subpolicies)
     settings = Settings(rounds=p.search.rounds, population=p.search.population, kept=p.search.kept,
                         mutations=p.search.mutations, crossovers=p.search.crossovers, random=p.search.random,
                         mutation_prob=p.search.mutation_prob, seed=p.search.seed, n_subpolicies=augment.n_subpolicies,
-                        include=(PUBLISHED_POLICY,) if p.search.include_published else (),
-                        rescore_top_k=p.search.rescore_top_k, rescore_seeds=p.search.rescore_seeds)
+                        include=(genes.published(),) if p.search.include_published else (),
+                        rescore_top_k=p.search.rescore_top_k, rescore_seeds=p.search.rescore_seeds,
+                        space=p.search.space)
     proxy = Proxy(p, args.baseline, args.cache, args.prepared / "val.json")
     shares = bin_shares(AnnotationCache(args.cache / "train"), min_size=min(p.model.min_size_train),
                         max_size=p.model.max_size_train, splits=augment.scale_splits)
@@ -74,22 +77,19 @@ def main(argv: list[str] | None = None) -> None:
         search = Search(args.out, settings)
         with CandidatePool(proxy) as pool:
             comparators = record.comparators(pool, baseline, tracker)
-            scoring = Scoring(pool, comparators, regulariser_weight=p.search.regulariser_weight,
-                              n_subpolicies=augment.n_subpolicies)
+            scoring = Scoring(pool, comparators, regulariser_weight=p.search.regulariser_weight, space=genes)
             best = search.run(record.tracked(scoring.score, tracker), rescore=record.tracked_rescore(scoring.rescore),
                               on_round=record.round_logger(search, tracker))
-        best_policy = decode_policy(best["genome"], augment.n_subpolicies)
-        write_json(args.policy, {"policy": best["genome"], "n_subpolicies": augment.n_subpolicies,
-                                 "scale_splits": augment.scale_splits, "key": best["key"],
-                                 "translate_relative": p.search.translate_relative,  # recorded; training keeps its own
-                                 "score": best["score"], "policy_text": str(best_policy)})
+        best_policy = decode_policy(genes.policy(best["genome"]), augment.n_subpolicies)
+        write_json(args.policy, search_policy(best, settings, scale_splits=augment.scale_splits,
+                                              translate_relative=p.search.translate_relative))
         write_json(args.metrics, record.metrics(best, baseline, comparators))
         write_json(args.ranked, search.ranked())
         write_json(args.curve, [{"round": e["round"], "best": e["best"]["score"], "round_best": e["round_best"],
                                  "median": e["median"]} for e in search.history])
         write_json(args.bins, record.top_bins(search, TOP))
         tracker.log_artifact(args.policy)
-        tracker.log_text(str(best_policy), "best_policy.txt")
+        tracker.log_text(genes.describe(best["genome"]), "best_policy.txt")
         tuned = fine_tune_params(p)  # as the candidates were fine-tuned
         augmentation = build_data.augmentation(tuned, best_policy, ramp=False)
         augmented = DetectionDataset(AnnotationCache(args.cache / "train", verify=False),
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         preview = build_data.preview(p, augmented, count=6, iteration=0, path=args.out / "best_preview.png")
         tracker.log_artifact(preview, "preview")
     log.info("best policy (score %.4f, AP %.3f on the held-out images):\n%s", best["score"], best["AP"],
-             best_policy)
+             genes.describe(best["genome"]))
 
 
 if __name__ == "__main__":

@@ -129,6 +129,11 @@ NAMES_AND_NUMBERS = [
     # the search's fair score (tests/test_search_score.py)
     pytest.param(_with({"search.pareto_comparator": "original"}), "{params}: search.pareto_comparator: expected one "
                  "of null_candidate, baseline, got 'original'", id="search-comparator-unknown"),
+    pytest.param(_with({"search.space": "box"}), "{params}: search.space: expected one of full, scale, got 'box'",
+                 id="search-space-unknown"),
+    pytest.param(_with({"search.space": "scale", "augment.n_subpolicies": 3, "augment.policy": [0] * 28}),
+                 "{params}: search.space: expected full with augment.n_subpolicies 3 (scale keeps the published "
+                 "policy's 5 sub-policies), got 'scale'", id="search-space-scale-subpolicies"),
     pytest.param(_with({"search.proxy_warmup_fraction": 1.0}), "{params}: search.proxy_warmup_fraction: expected a "
                  "fraction of search.fine_tune_iters in [0, 1) (0: no warmup), got 1.0", id="search-warmup-all"),
     pytest.param(_with({"search.rescore_seeds": 0}), "{params}: search.rescore_seeds: expected at least 1 seed to "
@@ -181,7 +186,7 @@ def test_every_name_validation_accepts_is_one_the_code_selects():
     from pipelines.config.schema import CHOICES
     from pipelines.data import transforms
     from pipelines.inference import card, postprocess, tta
-    from pipelines.search import record
+    from pipelines.search import record, space
 
     registries = {"model.backbone": model.BACKBONES, "model.norm": model.NORM_LAYERS,
                   "model.precision": hardware.PRECISIONS, "augment.name": build_data.AUGMENTATIONS,
@@ -189,7 +194,7 @@ def test_every_name_validation_accepts_is_one_the_code_selects():
                   "evaluate.backend": evaluation.BACKENDS, "model.cls_loss": scale_loss.CLS_LOSSES,
                   "model.assigner": model.ASSIGNERS,
                   "evaluate.merge": model.MERGES, "evaluate.tta_source": transforms.TTA_SOURCES,
-                  "search.pareto_comparator": record.COMPARATORS}
+                  "search.pareto_comparator": record.COMPARATORS, "search.space": space.SPACES}
     assert {key: tuple(names) for key, names in registries.items()} == CHOICES
     assert postprocess.MERGES == card.MERGES == model.MERGES  # the numpy twin's and the model card's
     assert tta.SOURCES == transforms.TTA_SOURCES

@@ -21,6 +21,7 @@ from pipelines.policy import PUBLISHED_POLICY
 from pipelines.search import full_run
 from pipelines.search.confirm import Arm, arms, policy_file, table, verdict
 from pipelines.search.genome import key
+from pipelines.search.space import space
 from pipelines.tracking.lineage import PARENT_RUN_ENV
 from pipelines.tracking.run import write_run_file
 from pipelines.tracking.tracker import Tracker
@@ -163,7 +164,7 @@ def test_the_presets_come_first_and_a_tie_goes_to_them():
                "flip": {"name": "flip"}, "searched": {"name": "sa_autoaug", "policy": None}}
     ranked = [{"genome": GENOME, "key": "a", "score": 0.1}, {"genome": GENOME, "key": "b", "score": 0.2}]
     found = arms(ranked, top_k=1, presets=["sa_autoaug", "trivial_zoom", "flip"], compose=presets.get,
-                 scale_splits=[4, 5, 6], n_subpolicies=5)
+                 scale_splits=[4, 5, 6], space=space("full", 5))
     assert [a.name for a in found] == ["sa_autoaug", "flip", "search-1"]
     assert found[0].genes == tuple(PUBLISHED_POLICY) and found[2].scale_splits == (4, 5, 6)
     rows = [{"arm": "sa_autoaug", "seed": 0, "AP": 0.5}, {"arm": "sa_autoaug", "seed": 1, "AP": 0.7},

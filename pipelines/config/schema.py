@@ -209,6 +209,9 @@ class Search:
     # the result; their score is the mean over the seeds (0: no rescoring)
     rescore_top_k: int = MISSING
     rescore_seeds: int = MISSING
+    # what a candidate's genes are (docs/search.md#a-smaller-scale-aware-space): full, the policy's whole gene list
+    # (the original's); scale, the zoom and ratio genes and one strength over the published box-level ops
+    space: str = MISSING
 
 
 @dataclass
@@ -263,6 +266,7 @@ TTA_SOURCES = ("resized", "decoded")  # pipelines.data.transforms.TTA_SOURCES an
 MERGES = ("nms", "vote")  # pipelines.model.MERGES and pipelines.inference.postprocess.MERGES
 ASSIGNERS = ("fcos", "atss")  # pipelines.model.ASSIGNERS
 PARETO_COMPARATORS = ("null_candidate", "baseline")  # pipelines.search.record.COMPARATORS
+SEARCH_SPACES = ("full", "scale")  # pipelines.search.space.SPACES
 
 CHOICES = {
     "model.backbone": BACKBONES,
@@ -277,6 +281,7 @@ CHOICES = {
     "evaluate.merge": MERGES,
     "evaluate.tta_source": TTA_SOURCES,
     "search.pareto_comparator": PARETO_COMPARATORS,
+    "search.space": SEARCH_SPACES,
 }
 
 _Registry = TypeVar("_Registry", bound=Mapping)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
-from ..policy import decode_policy
+from ..policy import PUBLISHED_POLICY, decode_policy
 from .backbones import BACKBONES, WEIGHTS_NORMS, weights_enum, weights_name
 from .presets import group_hint
 from .schema import Augment, Confirm, Evaluate, Launch, Loader, Model, Search, SyntheticDataset, Tracking, Train
@@ -192,6 +192,14 @@ def check_search(search: Search, require: Require) -> None:
         and all(isinstance(x, int) and not isinstance(x, bool) for x in splits)
         and list(splits) == sorted(set(splits)) and splits[0] > 0),
         "search.scale_splits", "null, auto or three increasing positive areas", splits)
+
+
+def check_search_space(search: Search, augment: Augment, require: Require) -> None:
+    """``search.space: scale`` keeps the published policy's box-level ops, so its sub-policies."""
+    published = (len(PUBLISHED_POLICY) - 10) // 6
+    require(search.space != "scale" or augment.n_subpolicies in (None, published), "search.space",
+            f"full with augment.n_subpolicies {augment.n_subpolicies} (scale keeps the published policy's "
+            f"{published} sub-policies)", search.space)
 
 
 def check_confirm(confirm: Confirm, require: Require) -> None:

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from ..errors import ConfigError
 from ..fileio import write_json
 from ..policy import decode_policy
+from .space import Space
 
 log = logging.getLogger("confirm")
 PUBLISHED_PRESET = "sa_autoaug"
@@ -55,9 +56,10 @@ Compose = Callable[[str], "dict | None"]  # preset name -> its augment section, 
 
 
 def arms(ranked: Sequence[dict], *, top_k: int, presets: Sequence[str], compose: Compose,
-         scale_splits: Sequence[int], n_subpolicies: int) -> list[Arm]:
+         scale_splits: Sequence[int], space: Space) -> list[Arm]:
     """The presets (in order; a missing one skipped with a warning), then the ``top_k`` best of ``ranked`` (the
-    search's candidates, best first, each with ``genome``, ``key`` and ``score``), trained with ``scale_splits``."""
+    search's candidates, best first, each with ``genome``, ``key`` and ``score``), trained with ``scale_splits``:
+    each with the policy's genes its genome decodes to in ``space`` (``search.space``)."""
     found = []
     for preset in presets:
         augment = compose(preset)
@@ -73,8 +75,9 @@ def arms(ranked: Sequence[dict], *, top_k: int, presets: Sequence[str], compose:
             raise ConfigError(f"conf/augment/{SEARCHED_PRESET}.yaml: not found; confirm.top_k > 0 trains the "
                               "candidates with it")
         for rank, candidate in enumerate(ranked[:top_k], start=1):
-            decode_policy(candidate["genome"], n_subpolicies)
-            found.append(Arm(f"search-{rank}", searched, genes=tuple(candidate["genome"]),
+            genes = space.policy(candidate["genome"])
+            decode_policy(genes, space.n_subpolicies)
+            found.append(Arm(f"search-{rank}", searched, genes=genes,
                              scale_splits=tuple(scale_splits), key=candidate["key"], score=candidate["score"]))
     return found
 

@@ -9,7 +9,7 @@ and ``random`` new random genomes. Each round's genomes are drawn from a generat
 What is kept in ``folder``:
 
 * ``candidates/<key>.json``: one scored candidate each (written atomically as soon as it is scored),
-  named by its canonical genes (:func:`~pipelines.search.genome.key`). A candidate already scored is
+  named by its canonical genes in ``space`` (:mod:`pipelines.search.space`). A candidate already scored is
   never scored again, in this round or a later one; the scorer's results must depend only on the
   genome and settings that ``folder`` is reserved for.
 * ``rescores/<key>-<seed>.json``: one more fine-tune of a candidate, at seed index 1, 2, ... (below).
@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import write_json
-from .genome import Genome, canonical, crossover, key, mutate, random_genome
+from .genome import Genome, crossover, mutate
+from .space import Space, space
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ class Settings:
     include: tuple[Genome, ...] = ()  # genomes scored first in round 0
     rescore_top_k: int = 0  # the best this many are rescored ...
     rescore_seeds: int = 0  # ... at this many more seed indices
+    space: str = "full"  # search.space: what the genes are (pipelines.search.space)
+
+    @property
+    def genome_space(self) -> Space:
+        return space(self.space, self.n_subpolicies)
 
 
 # Scores a batch of genomes; yields (genome, result) as each is scored, result holding at least "score".
@@ -69,17 +75,17 @@ Rescorer = Callable[[list[tuple[Genome, int]]], Iterable[tuple[Genome, int, dict
 def round_genomes(s: Settings, round_index: int, kept: Sequence[Genome]) -> list[Genome]:
     """Round ``round_index``'s genomes (canonical, duplicates kept: a repeat is scored once)."""
     rng = np.random.default_rng([s.seed, round_index])
-    n = s.n_subpolicies
+    genes = s.genome_space
     if round_index == 0:
         genomes = [*s.include[:s.population]]
-        genomes += [random_genome(rng, n) for _ in range(s.population - len(genomes))]
+        genomes += [genes.random(rng) for _ in range(s.population - len(genomes))]
     else:
         genomes = [mutate(kept[rng.integers(len(kept))], rng, s.mutation_prob) for _ in range(s.mutations)]
         for _ in range(s.crossovers):
             a, b = rng.choice(len(kept), size=2, replace=len(kept) < 2)
             genomes.append(crossover(kept[a], kept[b], rng))
-        genomes += [random_genome(rng, n) for _ in range(s.random)]
-    return [canonical(g, n) for g in genomes]
+        genomes += [genes.random(rng) for _ in range(s.random)]
+    return [genes.canonical(g) for g in genomes]
 
 
 class Search:
@@ -87,6 +93,7 @@ class Search:
 
     def __init__(self, folder: str | Path, settings: Settings):
         self.folder, self.settings = Path(folder), settings
+        self.key = settings.genome_space.key
         self.candidates = self.folder / "candidates"
         self.rescores = self.folder / "rescores"
         self.candidates.mkdir(parents=True, exist_ok=True)
@@ -94,7 +101,7 @@ class Search:
         self.history: list[dict] = json.loads(history.read_text()) if history.is_file() else []
 
     def scored(self, genome: Sequence[int]) -> dict | None:
-        path = self.candidates / f"{key(genome, self.settings.n_subpolicies)}.json"
+        path = self.candidates / f"{self.key(genome)}.json"
         return json.loads(path.read_text()) if path.is_file() else None
 
     def kept(self) -> list[Genome]:
@@ -118,13 +125,13 @@ class Search:
         s = self.settings
         for index in range(len(self.history), s.rounds):
             genomes = round_genomes(s, index, self.kept())
-            todo = list({key(g, s.n_subpolicies): g for g in genomes if self.scored(g) is None}.values())
+            todo = list({self.key(g): g for g in genomes if self.scored(g) is None}.values())
             for genome, result in score(todo):
-                write_json(self.candidates / f"{key(genome, s.n_subpolicies)}.json",
+                write_json(self.candidates / f"{self.key(genome)}.json",
                            {**result, "seed_scores": [result["score"]], "genome": list(genome),
-                            "key": key(genome, s.n_subpolicies), "round": index})
+                            "key": self.key(genome), "round": index})
             results = [self.scored(g) for g in genomes]
-            missing = [key(g, s.n_subpolicies) for g, r in zip(genomes, results) if r is None]
+            missing = [self.key(g) for g, r in zip(genomes, results) if r is None]
             if missing:
                 raise RuntimeError(f"round {index}: the scorer returned no result for {len(missing)} genome(s)")
             self._rescore_best(index, [r["key"] for r in results], rescore)
@@ -137,7 +144,7 @@ class Search:
             self.history.append(entry)
             best = self.best()
             entry.update(best={"key": best["key"], "score": best["score"]},
-                         kept=[key(g, s.n_subpolicies) for g in self.kept()])
+                         kept=[self.key(g) for g in self.kept()])
             write_json(self.folder / "history.json", self.history)
             if on_round is not None:
                 on_round(entry)
@@ -158,7 +165,7 @@ class Search:
             self.rescores.mkdir(exist_ok=True)
             jobs = [(tuple(r["genome"]), i) for i in seeds if not self._rescore_file(r["key"], i).is_file()]
             for genome, i, result in rescore(jobs):
-                write_json(self._rescore_file(key(genome, s.n_subpolicies), i), result)
+                write_json(self._rescore_file(self.key(genome), i), result)
             if missing := [i for i in seeds if not self._rescore_file(r["key"], i).is_file()]:
                 raise RuntimeError(f"round {index}: the rescorer returned no result for {r['key']} at seed(s) {missing}")
             extra = [json.loads(self._rescore_file(r["key"], i).read_text()) for i in seeds]

@@ -17,6 +17,7 @@ from .. import lifetime
 from .genome import Genome
 from .proxy import SCALES, Proxy, fine_tune
 from .score import score_terms
+from .space import Space
 
 _proxy: Proxy | None = None
 
@@ -70,18 +71,19 @@ class CandidatePool:
 
 class Scoring:
     """The candidates' scores (:func:`~pipelines.search.score.score_terms`) from ``pool``'s fine-tunes, each
-    compared with ``comparators[seed index]`` (APs by name: the null candidate's at that seed, or the baseline's)."""
+    compared with ``comparators[seed index]`` (APs by name: the null candidate's at that seed, or the baseline's);
+    the regulariser reads the probability genes of the policy a genome of ``space`` decodes to."""
 
     def __init__(self, pool: CandidatePool, comparators: dict[int, dict[str, float]], *, regulariser_weight: float,
-                 n_subpolicies: int):
+                 space: Space):
         self.pool, self.comparators = pool, comparators
-        self.regulariser_weight, self.n_subpolicies = regulariser_weight, n_subpolicies
+        self.regulariser_weight, self.space = regulariser_weight, space
 
     def terms(self, genome: Genome, seed_index: int, result: dict) -> dict:
         """``result`` with the score and its three terms."""
         aps = [result[k] for k in SCALES]
         base = [self.comparators[seed_index][k] for k in SCALES]
-        return {**score_terms(result["bins"], aps, base, genome, self.n_subpolicies,
+        return {**score_terms(result["bins"], aps, base, self.space.policy(genome), self.space.n_subpolicies,
                               regulariser_weight=self.regulariser_weight), **result}
 
     def score(self, genomes: list[Genome]) -> Iterator[tuple[Genome, dict]]:

@@ -29,7 +29,8 @@ from ..data.dataset import DetectionDataset
 from ..engine import train_step
 from ..evaluation import coco_evaluate, predict
 from ..policy import decode_policy
-from .genome import Genome, key
+from .genome import Genome
+from .space import space
 
 SCALES = ("APs", "APm", "APl")
 
@@ -140,11 +141,12 @@ def baseline_aps(proxy: Proxy) -> dict[str, float]:
 
 
 def fine_tune(proxy: Proxy, genome: Genome | None, seed_index: int = 0) -> dict:
-    """Fine-tune the baseline with ``genome`` (``None``: the null candidate, the flip only) at seed index
-    ``seed_index``; return its scale bins, held-out APs and seconds."""
+    """Fine-tune the baseline with ``genome`` (genes of ``search.space``; ``None``: the null candidate, the flip
+    only) at seed index ``seed_index``; return its scale bins, held-out APs and seconds."""
     start = time.perf_counter()
     p = fine_tune_params(proxy.params)
-    seed = fine_tune_seed(p, NULL if genome is None else key(genome, p.augment.n_subpolicies), seed_index)
+    genes = space(p.search.space, p.augment.n_subpolicies)  # a genome of search.space
+    seed = fine_tune_seed(p, NULL if genome is None else genes.key(genome), seed_index)
     torch.manual_seed(seed)
     model, cache = _model(proxy, "train")
     model.train()
@@ -153,7 +155,8 @@ def fine_tune(proxy: Proxy, genome: Genome | None, seed_index: int = 0) -> dict:
         augmentation = build_data.augmentation(dataclasses.replace(p, augment=dataclasses.replace(p.augment,
                                                                                                   name="flip")))
     else:
-        augmentation = build_data.augmentation(p, decode_policy(genome, p.augment.n_subpolicies), ramp=False)
+        augmentation = build_data.augmentation(p, decode_policy(genes.policy(genome), p.augment.n_subpolicies),
+                                               ramp=False)
     dataset = DetectionDataset(cache, transforms=build_data.train_transforms(p, augmentation), seed=seed)
     loader = build_train.fine_tune_loader(p, dataset, seed=seed)
     optimizer = build_train.optimizer(p, model)

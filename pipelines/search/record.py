@@ -1,8 +1,8 @@
 """What a search keeps beside its evolution state, and what it tells MLflow.
 
-The state folder is reserved for one search: its fingerprint covers the evolution settings, the
-params the fine-tunes run with, the baseline model's bytes (and so the precision it computes in) and
-the data. A folder whose fingerprint differs is emptied with a warning before the search starts (its
+The state folder is reserved for one search: its fingerprint covers the evolution settings (the genome
+space, ``search.space``, among them), the params the fine-tunes run with, the baseline model's bytes (and so
+the precision it computes in) and the data. A folder whose fingerprint differs is emptied with a warning before the search starts (its
 scores would not hold). The baseline's held-out APs and the null candidate's fine-tunes (``null/<seed
 index>.json``: what the Pareto penalty compares with) are kept there too, so a resumed search does not
 compute them again. Each scored candidate, and each fine-tune of the null candidate, becomes a child run of
@@ -25,7 +25,6 @@ from tqdm import tqdm
 from ..config.load import training_params
 from ..config.schema import registry
 from ..fileio import write_json
-from ..policy import decode_policy
 from ..tracking.tracker import Tracker
 from .evolution import Rescorer, Scorer, Search, Settings
 from .pool import CandidatePool
@@ -54,7 +53,10 @@ class SearchRecord:
     def open(cls, folder: Path, *, settings: Settings, proxy: Proxy, baseline_sha256: str) -> SearchRecord:
         p = proxy.params
         data = {split: json.loads((proxy.cache / split / "meta.json").read_text())["arrays"] for split in ("train", "val")}
-        identity = {"settings": dataclasses.asdict(settings), "fine_tune": training_params(fine_tune_params(p)),
+        genes = dataclasses.asdict(settings)
+        if settings.space == "full":  # as before search.space: a state folder begun before it is kept
+            del genes["space"]
+        identity = {"settings": genes, "fine_tune": training_params(fine_tune_params(p)),
                     "threads": p.search.threads, "evaluate": {"size": p.model.min_size_test, "backend": p.evaluate.backend},
                     "baseline": baseline_sha256, "data": data,
                     "score": {k: getattr(p.search, k) for k in ("common_random_numbers", "pareto_comparator",
@@ -111,15 +113,15 @@ class SearchRecord:
     def tracked(self, score: Scorer, parent: Tracker) -> Scorer:
         """``score`` with a progress bar, each scored candidate recorded as a child run of ``parent``: its score
         and the score's three terms, APs, loss shares, seconds and policy."""
-        n = self.settings.n_subpolicies
+        genes = self.settings.genome_space
 
         def run(genomes):
             for genome, result in tqdm(score(genomes), total=len(genomes), desc="candidates", unit="candidate"):
-                child = self._child(parent, f"candidate {''.join(map(str, genome))}", {"genome": "".join(map(str, genome))})
+                child = self._child(parent, f"candidate {genes.key(genome)}", {"genome": genes.key(genome)})
                 child.log_metrics({k: result[k] for k in (*TERMS, "AP", *SCALES, "seconds")})
                 child.log_metrics({"seed_score": result["score"]})
                 child.log_metrics({f"loss_share/{name}": share for name, share in zip(SCALE_NAMES, _shares(result))})
-                child.log_text(str(decode_policy(genome, n)), "policy.txt")
+                child.log_text(genes.describe(genome), "policy.txt")
                 child.finish()
                 yield genome, {**result, "mlflow_run_id": child.run_id}
         return run
@@ -170,6 +172,17 @@ class SearchRecord:
             rows += [{"candidate": label, "scale": name, "share": share}
                      for name, share in zip(SCALE_NAMES, _shares(result))]
         return rows
+
+
+def search_policy(best: dict, settings: Settings, *, scale_splits: list[int], translate_relative: bool) -> dict:
+    """The policy file of the search's ``best`` candidate (what ``augment=searched`` reads): the policy's genes its
+    genome decodes to in ``settings.space``, with the bounds it was searched with; a ``scale`` genome's own genes
+    and strength recorded beside them."""
+    genes = settings.genome_space
+    return {"policy": list(genes.policy(best["genome"])), "n_subpolicies": settings.n_subpolicies,
+            "scale_splits": scale_splits, "key": best["key"], **genes.record(best["genome"]),
+            "translate_relative": translate_relative,  # recorded; training keeps its own
+            "score": best["score"], "policy_text": genes.describe(best["genome"])}
 
 
 def _baseline(record: SearchRecord, *, baseline: dict[str, float], seeds: range, **_) -> dict[int, dict]:
