@@ -4,6 +4,8 @@ Every candidate fine-tunes the baseline (trained with the flip only, up to ``sea
 of its schedule, on the train images less the held-out ones) and is scored on the held-out images by
 the original's "Pareto scale balance" against the null candidate's APs there (the flip-only fine-tune;
 or the baseline's own, ``search.pareto_comparator``); the best are rescored at more seeds (``pipelines.search``).
+A candidate's genes are the policy's or, with ``search.space: scale``, the scale genes and a strength over the
+published box-level ops (``pipelines.search.space``); the policy file holds the genes they decode to.
 ``--out`` keeps the state: every scored candidate and finished round, so a search stopped or killed at
 any moment continues where it was, to the result an uninterrupted one gives. What it writes:
 the best policy by the score (``--policy``), its metrics, every candidate best first (``--ranked``, what the

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -59,11 +60,53 @@ def scaled_level(level: int, gene: int) -> int:
 
 
 @dataclass(frozen=True)
-class FullSpace:
-    """The original's space: a genome is the policy's gene list."""
+class Space:
+    """A genome space over policies of ``n_subpolicies`` sub-policies (:class:`FullSpace`, :class:`ScaleSpace`)."""
 
     n_subpolicies: int
-    name = "full"
+    name: ClassVar[str]
+    length: ClassVar[int]
+
+    def canonical(self, genome: Sequence[int]) -> Genome:
+        """One genome per policy: the genes of any genome that decodes to the same policy."""
+        raise NotImplementedError
+
+    def key(self, genome: Sequence[int]) -> str:
+        """The candidate's name, from its canonical genes."""
+        raise NotImplementedError
+
+    def random(self, rng: np.random.Generator) -> Genome:
+        """A genome of genes drawn uniformly 0..9."""
+        raise NotImplementedError
+
+    def published(self) -> Genome:
+        """The published policy's genome in this space."""
+        raise NotImplementedError
+
+    def policy(self, genome: Sequence[int]) -> Genome:
+        """The policy's gene list that ``genome`` decodes to (:mod:`pipelines.policy`)."""
+        raise NotImplementedError
+
+    def describe(self, genome: Sequence[int]) -> str:
+        """The decoded policy in words."""
+        return str(decode_policy(self.policy(genome), self.n_subpolicies))
+
+    def record(self, genome: Sequence[int]) -> dict:
+        """What a policy file records of the genome beside the policy's genes."""
+        return {}
+
+    def _checked(self, genome: Sequence[int]) -> Genome:
+        if len(genome) != self.length:
+            raise ConfigError(f"search.space: {self.name} holds genomes of {self.length} genes, got one of "
+                              f"{len(genome)} (a search in the other space? run the search again)")
+        return tuple(int(g) for g in genome)
+
+
+@dataclass(frozen=True)
+class FullSpace(Space):
+    """The original's space: a genome is the policy's gene list (:mod:`pipelines.search.genome`)."""
+
+    name: ClassVar[str] = "full"
 
     @property
     def length(self) -> int:
@@ -82,40 +125,24 @@ class FullSpace:
         return PUBLISHED_POLICY
 
     def policy(self, genome: Sequence[int]) -> Genome:
-        """The policy's gene list that ``genome`` decodes to: ``genome`` itself."""
+        """``genome`` itself."""
         return self._checked(genome)
-
-    def describe(self, genome: Sequence[int]) -> str:
-        """The decoded policy in words."""
-        return str(decode_policy(self.policy(genome), self.n_subpolicies))
-
-    def record(self, genome: Sequence[int]) -> dict:
-        """What a policy file records of the space beside the policy's genes: nothing for the full space."""
-        return {}
-
-    def _checked(self, genome: Sequence[int]) -> Genome:
-        if len(genome) != self.length:
-            raise ConfigError(f"search.space: {self.name} holds genomes of {self.length} genes, got one of "
-                              f"{len(genome)} (a search in the other space? run the search again)")
-        return tuple(int(g) for g in genome)
 
 
 @dataclass(frozen=True)
-class ScaleSpace(FullSpace):
+class ScaleSpace(Space):
     """The scale genes and a strength over the published box-level ops (the module docstring)."""
 
-    name = "scale"
+    name: ClassVar[str] = "scale"
+    length: ClassVar[int] = 11
 
     def __post_init__(self):
         if self.n_subpolicies != PUBLISHED_SUBPOLICIES:
             raise ConfigError(f"search.space: scale keeps the published policy's {PUBLISHED_SUBPOLICIES} "
                               f"sub-policies; augment.n_subpolicies is {self.n_subpolicies}")
 
-    @property
-    def length(self) -> int:
-        return 11
-
     def canonical(self, genome: Sequence[int]) -> Genome:
+        """``genome`` itself: distinct scale genomes decode to distinct policies."""
         return tuple(int(g) for g in genome)
 
     def key(self, genome: Sequence[int]) -> str:
@@ -125,7 +152,7 @@ class ScaleSpace(FullSpace):
         return tuple(int(g) for g in rng.integers(0, MAX_GENE + 1, size=self.length))
 
     def published(self) -> Genome:
-        """The published policy in this space: its scale genes and the strength of x1."""
+        """The published policy's scale genes and the strength of x1."""
         r = 4 + 6 * PUBLISHED_SUBPOLICIES
         return (*PUBLISHED_POLICY[:4], *PUBLISHED_POLICY[r:r + 6], STRENGTH_ONE)
 
@@ -148,8 +175,6 @@ class ScaleSpace(FullSpace):
         g = self._checked(genome)
         return {"space": self.name, "genome": list(g), "strength": strength(g[10])}
 
-
-Space = FullSpace  # either space: ScaleSpace is a FullSpace with its own genes
 
 # search.space: the names config validation accepts are these keys (config.registry)
 SPACES = registry("search.space", {"full": FullSpace, "scale": ScaleSpace})
