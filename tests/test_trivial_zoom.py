@@ -168,8 +168,8 @@ def test_the_confirm_stage_trains_the_trivial_zoom_arm_with_its_preset(search_da
     out = {name: tmp_path / name for name in ("confirm", "policy.json", "metrics.json")}
     confirm_stage.main(["--params", str(params), "--cache", str(search_data / "cache"), "--prepared",
                         str(search_data / "prepared"), "--ranked", str(tmp_path / "ranked.json"), "--search-run",
-                        str(tmp_path / "no_run.json"), "--out", str(out["confirm"]), "--policy", str(out["policy.json"]),
-                        "--metrics", str(out["metrics.json"])])
+                        str(tmp_path / "no_run.json"), "--out", str(out["confirm"]), "--policy",
+                        str(out["policy.json"]), "--metrics", str(out["metrics.json"])])
     assert len(commands) == 1 and commands[0][:3] == [sys.executable, "-m", "pipelines.launch"]
     trained = yaml.safe_load((out["confirm"] / "trivial_zoom-s0" / "params.yaml").read_text())
     assert trained["augment"] == _preset("trivial_zoom")["augment"]

@@ -73,9 +73,9 @@ def _trivial(p: Params) -> Compose:
 def _trivial_zoom(p: Params) -> Compose:
     augment = p.augment  # as _trivial, no ramp; zoom_out's fillers as sa_autoaug's (pool, cache)
     autoaug = ScaleAwareAutoAugment(trivial_zoom_policy(), scale_splits=augment.scale_splits, box_prob=augment.box_prob,
-                                    max_iter=0, filler_cache_mb=augment.filler_cache_mb, filler_pool=augment.filler_pool,
-                                    filler_pool_iters=augment.filler_pool_iters, off_from=tail_start(p),
-                                    translate_relative=bool(augment.translate_relative))
+                                    max_iter=0, filler_cache_mb=augment.filler_cache_mb,
+                                    filler_pool=augment.filler_pool, filler_pool_iters=augment.filler_pool_iters,
+                                    off_from=tail_start(p), translate_relative=bool(augment.translate_relative))
     return Compose([_flip(p), autoaug])
 
 
