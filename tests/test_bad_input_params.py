@@ -71,7 +71,7 @@ NAMES_AND_NUMBERS = [
                  "{params}: model.norm: expected one of batchnorm, groupnorm, frozen_batchnorm, got 'layernorm'",
                  id="norm-unknown"),
     pytest.param(_with({"augment.name": "autoaug"}),
-                 "{params}: augment.name: expected one of none, flip, sa_autoaug, trivial, got 'autoaug'", id="augment-unknown"),
+                 "{params}: augment.name: expected one of none, flip, sa_autoaug, trivial, trivial_zoom, got 'autoaug'", id="augment-unknown"),
     pytest.param(_with({"augment": {"name": "sa_autoaug", "hflip_prob": 0.5, "policy_file": "pipelines/policy.py"}}),
                  "{params}: augment.policy: missing value (required by augment.name=sa_autoaug); did you mean "
                  "`-S augment=sa_autoaug`?", id="augment-name-for-augment-group"),

@@ -98,12 +98,13 @@ class Model:
 
 @dataclass
 class Augment:
-    name: str = MISSING  # none | flip | sa_autoaug | trivial
+    name: str = MISSING  # none | flip | sa_autoaug | trivial | trivial_zoom
     hflip_prob: float = MISSING
-    # the last off_tail of train.max_iter's iterations run the resize and flip only (required by sa_autoaug and
-    # trivial; 0: no tail)
+    # the last off_tail of train.max_iter's iterations run the resize and flip only (required by sa_autoaug,
+    # trivial and trivial_zoom; 0: no tail)
     off_tail: Optional[float] = None
-    # Scale-aware AutoAugment (required by name=sa_autoaug; scale_splits and box_prob also by trivial)
+    # Scale-aware AutoAugment (required by name=sa_autoaug; scale_splits and box_prob also by trivial, and they
+    # and the filler_* keys by trivial_zoom)
     policy: Optional[list[int]] = None  # the flat gene list, 4 + 6 * n_subpolicies + 6 integers 0..9
     n_subpolicies: Optional[int] = None
     scale_splits: Optional[list[int]] = None  # box areas (pixels, resized image) between small/medium/large
@@ -112,7 +113,7 @@ class Augment:
     filler_pool: Optional[int] = None  # zoom_out draws fillers among this many images of the split (0: all)
     filler_pool_iters: Optional[int] = None  # iterations between changes of the filler pool
     # translate's offset scaled by the image's shorter side / 800 (the original's image size), rather than the
-    # original's pixels at any size (required by sa_autoaug and trivial; false: the pixels)
+    # original's pixels at any size (required by sa_autoaug, trivial and trivial_zoom; false: the pixels)
     translate_relative: Optional[bool] = None
     # Where the policy comes from: pipelines/policy.py (the module of the published policy: the genes are
     # those above), or a policy search's JSON result, whose genes replace ``policy`` when params are read
@@ -257,7 +258,7 @@ class Params:
 BACKBONES = tuple(backbones.BACKBONES)  # pipelines.model.BACKBONES
 NORMS = ("batchnorm", "groupnorm", "frozen_batchnorm")  # pipelines.model.NORM_LAYERS
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")  # pipelines.hardware.PRECISIONS
-AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial")  # pipelines.build.data.AUGMENTATIONS
+AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial", "trivial_zoom")  # pipelines.build.data.AUGMENTATIONS
 OPTIMIZERS = ("sgd", "adamw")  # pipelines.solver.OPTIMIZERS
 LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
 EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS

@@ -81,12 +81,17 @@ def check_augment(augment: Augment, require: Require, source: str) -> None:
     # (none and flip have nothing to turn off and ignore it: the search's baseline sets augment.name=flip alone)
     require(augment.off_tail is None or 0 <= augment.off_tail < 1, "augment.off_tail",
             "a fraction of train.max_iter in [0, 1)", augment.off_tail)
-    if augment.name not in ("sa_autoaug", "trivial"):
+    if augment.name not in ("sa_autoaug", "trivial", "trivial_zoom"):
         return
     from_file = augment.policy is None and augment.policy_file.endswith(".json")  # read by the train stage
-    needed = ("scale_splits", "box_prob", "off_tail", "translate_relative") if augment.name == "trivial" else (
-        *(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
-        "filler_pool", "filler_pool_iters", "off_tail", "translate_relative")
+    if augment.name == "trivial":
+        needed = ("scale_splits", "box_prob", "off_tail", "translate_relative")
+    elif augment.name == "trivial_zoom":  # and zoom_out's fillers
+        needed = ("scale_splits", "box_prob", "filler_cache_mb", "filler_pool", "filler_pool_iters", "off_tail",
+                  "translate_relative")
+    else:
+        needed = (*(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
+                  "filler_pool", "filler_pool_iters", "off_tail", "translate_relative")
     for key in needed:
         if getattr(augment, key) is None:
             raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name={augment.name})"
@@ -102,7 +107,7 @@ def check_augment(augment: Augment, require: Require, source: str) -> None:
             augment.filler_pool)
     require(augment.filler_pool_iters >= 1, "augment.filler_pool_iters", "a number of iterations >= 1",
             augment.filler_pool_iters)
-    if from_file:
+    if from_file or augment.name == "trivial_zoom":  # trivial_zoom: no genes (pipelines.policy.trivial_zoom_policy)
         return
     try:
         decode_policy(augment.policy, augment.n_subpolicies)  # the one check of the genes; errors name positions

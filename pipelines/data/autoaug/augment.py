@@ -6,7 +6,8 @@ same output in any worker or rank):
 1. Zoom: one uniform draw ``u``; ``u < p_out``: zoom_out, else ``u < p_out + p_in``: zoom_in. The
    two probabilities are exactly the configured ones (the original draws zoom_in first and then
    zoom_out against ``p_in + p_out`` with a second draw, so its zoom_out fires about 41% of the
-   time with the published policy, not 30%). Zoom probabilities do not ramp.
+   time with the published policy, not 30%). Zoom probabilities do not ramp. A zoom without a level
+   (``augment=trivial_zoom``'s) then draws its level uniformly 0..9, before anything else it draws.
 2. One sub-policy, uniformly.
 3. Its color op, then its geometric op: each fires with probability
    ``p * min(iteration / max_iter, 1)`` where ``iteration`` is the true global iteration
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ...policy import Policy
+from ...policy import MAX_GENE, Policy, ZoomOp
 from ..transforms import SampleContext
 from ._cache import SampleCache
 from .color import color_op_on_boxes
@@ -60,6 +61,12 @@ def filler_pool(seed: int, block: int, num_samples: int, size: int) -> np.ndarra
         pool = np.sort(np.random.default_rng((seed, block, 0xF111E5)).choice(num_samples, size=size, replace=False))
     pool.flags.writeable = False
     return pool
+
+
+def _level(zoom: ZoomOp, rng: np.random.Generator) -> int:
+    """The zoom's level: its own, or one drawn uniformly 0..9 from ``rng`` where it has none (a draw that only
+    such a policy, ``augment=trivial_zoom``'s, makes)."""
+    return zoom.level if zoom.level is not None else int(rng.integers(MAX_GENE + 1))
 
 
 class ScaleAwareAutoAugment:
@@ -129,10 +136,10 @@ class ScaleAwareAutoAugment:
         p_out, p_in = self.policy.zoom_out.prob, self.policy.zoom_in.prob
         u = ctx.rng.random()
         if u < p_out:
-            return zoom_out(image, target, ratio=zoom_out_ratio(self.policy.zoom_out.level),
+            return zoom_out(image, target, ratio=zoom_out_ratio(_level(self.policy.zoom_out, ctx.rng)),
                             fillers=self._draw_fillers(ctx))
         if u < p_out + p_in:
-            return zoom_in(image, target, ratio=zoom_in_ratio(self.policy.zoom_in.level), rng=ctx.rng)
+            return zoom_in(image, target, ratio=zoom_in_ratio(_level(self.policy.zoom_in, ctx.rng)), rng=ctx.rng)
         return image, target
 
     def _draw_fillers(self, ctx: SampleContext) -> list[tuple[torch.Tensor, dict]]:
