@@ -35,7 +35,7 @@ doctor: install
 	python -m pipelines.doctor
 
 # The policy search, a pipeline of its own: linked as search/dvc.yaml on first use (commit the link, so
-# that a colleague's DVC knows it too), then reproduced (about an hour on 2 cores).
+# that a colleague's DVC knows it too), then reproduced (about 2 hours on 2 cores, the confirmation included).
 search: install
 	test -e search/dvc.yaml || ln -s pipeline.yaml search/dvc.yaml
 	dvc repro search/dvc.yaml

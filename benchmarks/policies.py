@@ -5,8 +5,12 @@ stages run, as ``dvc repro`` runs them (``pipelines.launch``, ``train.nproc`` pr
 data of ``--prepared`` and ``--cache``, with the params of ``--params`` except two: the ``augment``
 section, composed from ``conf/augment/<preset>.yaml`` as ``-S augment=<preset>`` would, and ``seed``
 (the model's initialisation, the loader's order and every augmentation draw). ``searched`` takes its
-genes from ``--policy-file``, a search's ``policy.json``. MLflow records the runs in a store of their own
-in the scratch folder, which is deleted with the models.
+genes from ``--policy-file``, a search's ``policy.json``. ``trivial_zoom`` is the bar without any search
+(TrivialAugment's uniform op after a uniform zoom, docs/augmentation.md). One arm is not a preset:
+``sa_autoaug-auto``, the published policy with the bounds a search with ``search.scale_splits: auto`` uses
+(the original's scaled to the smallest training size), so that the published policy and a ``searched-auto``
+result are compared at the same bounds (policy and bounds not confounded). MLflow records the runs in a store
+of their own in the scratch folder, which is deleted with the models.
 
 Every finished run is kept at once as ``--runs/<name>-s<seed>.json`` (its metrics, wall times, the
 machine and, for ``searched``, the genes and bounds): a run already kept is not run again, so a
@@ -15,7 +19,8 @@ name is the preset's, or ``searched-<label>`` with ``--label`` (to compare the r
 The table covers every run kept in ``--runs``: per name, the mean over seeds with the spread (largest
 minus smallest) beside it, then a row per run.
 
-    python -m benchmarks.policies [--augment sa_autoaug searched trivial flip none] [--seeds 0 1] [--json]
+    python -m benchmarks.policies [--augment sa_autoaug sa_autoaug-auto searched trivial_zoom trivial flip none]
+                                  [--seeds 0 1] [--json]
     python -m benchmarks.policies --augment searched --label auto --policy-file other/policy.json
 """
 
@@ -34,19 +39,37 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PRESETS = ("sa_autoaug", "searched", "trivial", "flip", "none")
+PRESETS = ("sa_autoaug", "searched", "trivial_zoom", "trivial", "flip", "none")
+AUTO_BOUNDS = "sa_autoaug-auto"  # the published policy with the search's auto bounds: an arm, not a preset
+ARMS = (PRESETS[0], AUTO_BOUNDS, *PRESETS[1:])
 METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 
-def run_params(params: Path, preset: str, seed: int, policy_file: Path) -> dict:
-    """``params`` with the ``augment`` section of ``preset`` and ``seed``."""
+def preset_of(arm: str) -> str:
+    """The ``conf/augment/`` preset that ``arm`` (one of :data:`ARMS`) trains."""
+    return "sa_autoaug" if arm == AUTO_BOUNDS else arm
+
+
+def auto_bounds(raw: dict) -> list[int]:
+    """The scale bounds of a search with ``search.scale_splits: auto`` on ``raw`` params (its training sizes)."""
+    from pipelines.config.load import params_from_dict
+    from pipelines.search.proxy import scale_splits
+
+    return scale_splits(params_from_dict({**raw, "search": {**raw["search"], "scale_splits": "auto"}}))
+
+
+def run_params(params: Path, arm: str, seed: int, policy_file: Path) -> dict:
+    """``params`` with the ``augment`` section of ``arm``'s preset (for :data:`AUTO_BOUNDS`, with the auto
+    bounds as ``augment.scale_splits``) and ``seed``."""
     from pipelines.compose import compose_params
 
     raw = yaml.safe_load(params.read_text())
-    raw["augment"] = yaml.safe_load(compose_params(REPO, [f"augment={preset}"]))["augment"]
+    raw["augment"] = yaml.safe_load(compose_params(REPO, [f"augment={preset_of(arm)}"]))["augment"]
     raw["seed"] = seed
-    if preset == "searched":
+    if arm == "searched":
         raw["augment"]["policy_file"] = str(policy_file.resolve())
+    if arm == AUTO_BOUNDS:
+        raw["augment"]["scale_splits"] = auto_bounds(raw)
     return raw
 
 
@@ -81,21 +104,22 @@ def train_and_evaluate(raw: dict, *, prepared: Path, cache: Path, folder: Path, 
     return {"metrics": {k: metrics[k] for k in METRICS}, "seconds": seconds}
 
 
-def run_name(preset: str, label: str | None) -> str:
-    return f"{preset}-{label}" if preset == "searched" and label else preset
+def run_name(arm: str, label: str | None) -> str:
+    return f"{arm}-{label}" if arm == "searched" and label else arm
 
 
-def run(preset: str, seed: int, *, params: Path, prepared: Path, cache: Path, policy_file: Path, runs: Path,
+def run(arm: str, seed: int, *, params: Path, prepared: Path, cache: Path, policy_file: Path, runs: Path,
         label: str | None = None) -> dict:
-    """One preset and seed: the kept record, or a new run kept before it is returned."""
-    name = run_name(preset, label)
+    """One arm (a preset, or :data:`AUTO_BOUNDS`) and seed: the kept record, or a new run kept before it is
+    returned."""
+    name, preset = run_name(arm, label), preset_of(arm)
     path = runs / f"{name}-s{seed}.json"
     if path.is_file():
         return json.loads(path.read_text())
     from benchmarks.record import machine
     from pipelines.fileio import write_json
 
-    raw = run_params(params, preset, seed, policy_file)
+    raw = run_params(params, arm, seed, policy_file)
     with tempfile.TemporaryDirectory(prefix=f"policies-{preset}-") as tmp:
         print(f"{name}, seed {seed}: training and evaluating", file=sys.stderr, flush=True)
         result = train_and_evaluate(raw, prepared=prepared, cache=cache, folder=Path(tmp))
@@ -171,7 +195,8 @@ def table(f: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--augment", nargs="+", choices=PRESETS, default=list(PRESETS), help="the presets compared")
+    parser.add_argument("--augment", nargs="+", choices=ARMS, default=list(PRESETS),
+                        help=f"the presets compared (and {AUTO_BOUNDS}: the published policy with the auto bounds)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="the seeds of every preset")
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml", help="the params of every run")
     parser.add_argument("--prepared", type=Path, default=REPO / "data" / "prepared", help="the prepare stage's output")
@@ -185,9 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if "searched" in args.augment and not args.policy_file.is_file():
         parser.error(f"--policy-file: {args.policy_file} is not a file; run the search (make search)")
-    for preset in args.augment:
+    for arm in args.augment:
         for seed in args.seeds:
-            run(preset, seed, params=args.params, prepared=args.prepared, cache=args.cache,
+            run(arm, seed, params=args.params, prepared=args.prepared, cache=args.cache,
                 policy_file=args.policy_file, runs=args.runs, label=args.label)
     f = figures(kept(args.runs))
     print(json.dumps(f) if args.json else table(f))

@@ -18,6 +18,7 @@ positions             meaning
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,10 +50,11 @@ _KEY = "augment.policy"
 
 @dataclass(frozen=True)
 class ZoomOp:
-    """An image-level zoom: fires with ``prob``; ``level`` (0..9) indexes the zoom ratio table."""
+    """An image-level zoom: fires with ``prob``; ``level`` (0..9) indexes the zoom ratio table, or is ``None``:
+    drawn uniformly 0..9 each time the zoom fires (TrivialAugment's magnitude; no gene decodes to it)."""
 
     prob: float
-    level: int
+    level: int | None
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,12 @@ class Policy:
         def op(o: BoxOp) -> str:
             return f"{o.name} p={o.prob:.1f} level={o.level}"
 
+        def zoom_level(z: ZoomOp) -> str:
+            return f"uniform 0..{MAX_GENE}" if z.level is None else str(z.level)
+
         lines = [f"Scale-aware AutoAugment policy ({len(self.subpolicies)} sub-policies)",
-                 f"  zoom_out: p={self.zoom_out.prob:.2f} level={self.zoom_out.level}",
-                 f"  zoom_in:  p={self.zoom_in.prob:.2f} level={self.zoom_in.level}"]
+                 f"  zoom_out: p={self.zoom_out.prob:.2f} level={zoom_level(self.zoom_out)}",
+                 f"  zoom_in:  p={self.zoom_in.prob:.2f} level={zoom_level(self.zoom_in)}"]
         lines += [f"  sub-policy {i}: {op(sub.color)}, then {op(sub.geometric)}"
                   for i, sub in enumerate(self.subpolicies)]
         lines.append("  area ratios (small, medium, large): " + ", ".join(map(str, self.area_ratios)))
@@ -117,6 +122,14 @@ def trivial_policy() -> Policy:
     subpolicies += [SubPolicy(color=off_color, geometric=BoxOp(name, 1.0, level)) for name in GEO_OPS for level in levels]
     return Policy(zoom_out=ZoomOp(0.0, 0), zoom_in=ZoomOp(0.0, 0), subpolicies=tuple(subpolicies),
                   area_ratios=(1, 1, 1), prob_ratios=(1, 1, 1))
+
+
+def trivial_zoom_policy() -> Policy:
+    """:func:`trivial_policy` after a uniform zoom, TrivialAugment's rule applied to the image-level zoom too: per
+    image zoom_out, zoom_in or no zoom, one third each (one draw, as every policy's zoom), at a level drawn
+    uniformly 0..9 (a zoom ratio of 0.95..0.5 out, 1.05..1.5 in); then the one box-level op. Nothing searched."""
+    uniform = ZoomOp(1 / 3, None)
+    return dataclasses.replace(trivial_policy(), zoom_out=uniform, zoom_in=uniform)
 
 
 def op_table(ops: tuple[str, ...], entries: dict[str, _Entry]) -> dict[str, _Entry]:

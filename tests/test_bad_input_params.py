@@ -71,7 +71,7 @@ NAMES_AND_NUMBERS = [
                  "{params}: model.norm: expected one of batchnorm, groupnorm, frozen_batchnorm, got 'layernorm'",
                  id="norm-unknown"),
     pytest.param(_with({"augment.name": "autoaug"}),
-                 "{params}: augment.name: expected one of none, flip, sa_autoaug, trivial, got 'autoaug'", id="augment-unknown"),
+                 "{params}: augment.name: expected one of none, flip, sa_autoaug, trivial, trivial_zoom, got 'autoaug'", id="augment-unknown"),
     pytest.param(_with({"augment": {"name": "sa_autoaug", "hflip_prob": 0.5, "policy_file": "pipelines/policy.py"}}),
                  "{params}: augment.policy: missing value (required by augment.name=sa_autoaug); did you mean "
                  "`-S augment=sa_autoaug`?", id="augment-name-for-augment-group"),
@@ -130,6 +130,21 @@ NAMES_AND_NUMBERS = [
     pytest.param(_with({"dataset.max_side": 100000}),
                  "{params}: dataset.max_side: expected a size from 1 to 65500 pixels, got 100000",
                  id="synthetic-side-beyond-jpeg"),
+    # the search's fair score (tests/test_search_score.py)
+    pytest.param(_with({"search.pareto_comparator": "original"}), "{params}: search.pareto_comparator: expected one "
+                 "of null_candidate, baseline, got 'original'", id="search-comparator-unknown"),
+    pytest.param(_with({"search.space": "box"}), "{params}: search.space: expected one of full, scale, got 'box'",
+                 id="search-space-unknown"),
+    pytest.param(_with({"search.space": "scale", "augment.n_subpolicies": 3, "augment.policy": [0] * 28}),
+                 "{params}: search.space: expected full with augment.n_subpolicies 3 (scale keeps the published "
+                 "policy's 5 sub-policies), got 'scale'", id="search-space-scale-subpolicies"),
+    pytest.param(_with({"search.proxy_warmup_fraction": 1.0}), "{params}: search.proxy_warmup_fraction: expected a "
+                 "fraction of search.fine_tune_iters in [0, 1) (0: no warmup), got 1.0", id="search-warmup-all"),
+    pytest.param(_with({"search.rescore_seeds": 0}), "{params}: search.rescore_seeds: expected at least 1 seed to "
+                 "rescore the best search.rescore_top_k (3) with, got 0", id="search-rescore-no-seeds"),
+    pytest.param(_with({"augment.translate_relative": KeyError}), "{params}: augment.translate_relative: missing "
+                 "value (required by augment.name=sa_autoaug); did you mean `-S augment=sa_autoaug`?",
+                 id="translate-relative-missing"),
 ]
 
 
@@ -175,13 +190,15 @@ def test_every_name_validation_accepts_is_one_the_code_selects():
     from pipelines.config.schema import CHOICES
     from pipelines.data import transforms
     from pipelines.inference import card, postprocess, tta
+    from pipelines.search import record, space
 
     registries = {"model.backbone": model.BACKBONES, "model.norm": model.NORM_LAYERS,
                   "model.precision": hardware.PRECISIONS, "augment.name": build_data.AUGMENTATIONS,
                   "train.optimizer": solver.OPTIMIZERS, "train.lr_schedule": solver.LR_SCHEDULES,
                   "evaluate.backend": evaluation.BACKENDS, "model.cls_loss": scale_loss.CLS_LOSSES,
                   "model.assigner": model.ASSIGNERS,
-                  "evaluate.merge": model.MERGES, "evaluate.tta_source": transforms.TTA_SOURCES}
+                  "evaluate.merge": model.MERGES, "evaluate.tta_source": transforms.TTA_SOURCES,
+                  "search.pareto_comparator": record.COMPARATORS, "search.space": space.SPACES}
     assert {key: tuple(names) for key, names in registries.items()} == CHOICES
     assert postprocess.MERGES == card.MERGES == model.MERGES  # the numpy twin's and the model card's
     assert tta.SOURCES == transforms.TTA_SOURCES

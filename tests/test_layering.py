@@ -88,7 +88,7 @@ def graph():
 @pytest.mark.parametrize("stage, module", [
     ("prepare", "prepare"), ("cache", "cache"), ("train", "train"), ("evaluate", "evaluate"),
     ("export", "export"), ("search/dvc.yaml:holdout", "holdout"), ("search/dvc.yaml:cache", "cache"), ("search/dvc.yaml:baseline", "train"),
-    ("search/dvc.yaml:search", "search")])
+    ("search/dvc.yaml:search", "search"), ("search/dvc.yaml:confirm", "confirm")])
 def test_dvc_deps_list_exactly_the_code_each_stage_imports(graph, stage, module):
     modules, deps = _stages()[stage]
     assert f"stages.{module}" in modules

@@ -93,7 +93,7 @@ def test_a_search_result_gives_the_training_its_genes_and_its_bounds(raw, tmp_pa
 @pytest.mark.parametrize("result, message", [
     (None, r"not found; run the search \(make search\) or choose another augment preset"),
     ("{not json", r"not readable JSON \(Expecting property name .*\)"),
-    ({"genes": []}, "expected a JSON object with a 'policy' gene list"),
+    ({"genes": []}, "expected a JSON object with a 'policy' gene list or an 'augment' section"),
     ({"policy": list(PUBLISHED_POLICY), "n_subpolicies": 4}, "searched with 4 sub-policies, augment.n_subpolicies is 5"),
     ({"policy": [10] * 40}, r"augment.policy\[0\]: expected an integer 0..9, got 10"),
     ({"policy": list(PUBLISHED_POLICY), "scale_splits": [1, 2]}, r"scale_splits: expected three positive areas, got \[1, 2\]"),

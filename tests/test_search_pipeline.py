@@ -21,8 +21,11 @@ pytestmark = pytest.mark.slow
 
 SEARCH = ["search.population=3", "search.rounds=2", "search.kept=2", "search.mutations=1", "search.crossovers=1",
           "search.random=0", "search.fine_tune_iters=2", "search.candidates_at_once=2", "search.heldout_fraction=0.25",
-          "loader.num_workers=1"]  # as by default: a candidate's process must not start loader workers
-STAGES = {"search/dvc.yaml:holdout", "search/dvc.yaml:cache", "search/dvc.yaml:baseline", "search/dvc.yaml:search"}
+          "search.rescore_top_k=1", "search.rescore_seeds=1",
+          "loader.num_workers=1",  # as by default: a candidate's process must not start loader workers
+          "confirm.top_k=1", "confirm.arms=[]", "confirm.seeds=1"]  # the confirm: one training
+STAGES = {"search/dvc.yaml:holdout", "search/dvc.yaml:cache", "search/dvc.yaml:baseline", "search/dvc.yaml:search",
+          "search/dvc.yaml:confirm"}
 
 
 def _dvc(repo, *args, timeout=900):
@@ -54,15 +57,23 @@ def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(
     history = json.loads((state / "history.json").read_text())
     assert [entry["round"] for entry in history] == [0, 1]
     candidates = sorted(p.stem for p in (state / "candidates").glob("*.json"))
-    best = json.loads((repo / "search" / "outputs" / "policy.json").read_text())
+    best = json.loads((repo / "search" / "outputs" / "search_policy.json").read_text())
     decode_policy(best["policy"], best["n_subpolicies"])
     assert best["scale_splits"] == [52, 262, 1311]  # search.scale_splits auto: the original's x (128 / 800)^2
     assert best["key"] == history[-1]["best"]["key"] and best["key"] in candidates
+    ranked = json.loads((repo / "search" / "outputs" / "ranked.json").read_text())
+    assert sorted(r["key"] for r in ranked) == candidates and ranked[0]["key"] == best["key"]
+    confirmed = json.loads((repo / "search" / "outputs" / "policy.json").read_text())  # the only arm: the best
+    same = ("policy", "scale_splits", "key")
+    assert {k: confirmed[k] for k in same} == {k: best[k] for k in same}
+    table = json.loads((repo / "search" / "metrics" / "confirm.json").read_text())
+    assert table["winner"] == "search-1" and table["arms"]["search-1"]["key"] == best["key"]
     metrics = json.loads((repo / "search" / "metrics" / "search.json").read_text())
     assert metrics["score"] == best["score"] and {"APs", "APm", "APl", "baseline_APs"} <= set(metrics)
     assert [row["round"] for row in json.loads((repo / "search" / "metrics" / "curve.json").read_text())] == [0, 1]
     shown = json.loads(_dvc(repo, "metrics", "show", "--json"))[""]["data"]
     assert shown["search/metrics/search.json"]["data"]["score"] == best["score"]
+    assert shown["search/metrics/confirm.json"]["data"]["winner_AP"] == table["winner_AP"]
     # the held-out images are train images, never val ones, and no train image of the search is held out
     held = {im["file_name"] for im in json.loads((repo / "search/data/prepared/val.json").read_text())["images"]}
     kept = {im["file_name"] for im in json.loads((repo / "search/data/prepared/train.json").read_text())["images"]}
@@ -72,13 +83,28 @@ def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("detection").experiment_id])
     (parent,) = [r for r in runs if r.data.tags.get("pipeline.stage") == "search"]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+                and r.data.tags.get("pipeline.stage") != "train"]
+    null = [r for r in children if r.data.params["genome"] == "null"]  # the comparator, at seed indices 0 and 1
+    children = [r for r in children if r not in null]
+    assert sorted(r.data.params["seed_index"] for r in null) == ["0", "1"]
     assert sorted(r.data.params["genome"] for r in children) == candidates
-    assert all({"score", "APs", "APm", "APl", "loss_share/small"} <= set(r.data.metrics) for r in children)
+    assert all({"score", "balance", "pareto_penalty", "regulariser", "APs", "APm", "APl", "loss_share/small"}
+               <= set(r.data.metrics) for r in children)
+    rescored = json.loads((state / "candidates" / f"{history[0]['rescored'][0]}.json").read_text())
+    assert len(rescored["seed_scores"]) == 2 and rescored["score"] == pytest.approx(sum(rescored["seed_scores"]) / 2)
+    assert json.loads((state / "candidates" / f"{best['key']}.json").read_text())["rescored_round"] in (0, 1)
+    (run,) = [r for r in children if r.data.params["genome"] == rescored["key"]]
+    assert run.data.metrics["score"] == pytest.approx(rescored["score"])  # the mean over its seeds
+    seeds = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "seed_score"))
+    assert [s for s, _ in seeds] == [0, 1] and [v for _, v in seeds] == pytest.approx(rescored["seed_scores"])
+    (confirm,) = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+                  and r.data.tags.get("pipeline.stage") == "train"]  # the confirm's training, a child too
+    assert confirm.data.metrics["heldout/AP"] == pytest.approx(table["winner_AP"])
     assert parent.data.metrics["search/best_score"] == best["score"]
     assert parent.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"policy.json", "best_policy.txt", "preview"} <= artifacts
+    assert {"search_policy.json", "best_policy.txt", "preview", "confirm"} <= artifacts
 
 
 def test_a_killed_search_resumes_to_the_history_and_policy_of_an_uninterrupted_one(repo):
@@ -87,7 +113,7 @@ def test_a_killed_search_resumes_to_the_history_and_policy_of_an_uninterrupted_o
     state = repo / "search" / "outputs" / "state"
     expected = (state / "history.json").read_text(), (repo / "search/outputs/policy.json").read_text()
     shutil.rmtree(state)
-    (repo / "search/outputs/policy.json").unlink()  # an output missing: dvc repro re-runs the search stage
+    (repo / "search/outputs/search_policy.json").unlink()  # an output missing: dvc repro re-runs the search stage
     dvc = subprocess.Popen(["dvc", "repro", "search/dvc.yaml"], cwd=repo, env=_env(),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     kill_when_scored(dvc, state, 2, rounds=2, timeout=300)
@@ -138,7 +164,8 @@ def test_the_mlflow_ui_shows_the_search_and_compares_two_candidates(repo):
     runs = client.search_runs([experiment_id])
     (parent,) = [r for r in runs if r.data.tags.get("pipeline.stage") == "search"
                  and r.data.metrics.get("search/best_score") is not None][-1:]
-    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
+    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+                       and "score" in r.data.metrics),  # the candidates, not the confirm's training
                       key=lambda r: r.data.metrics["score"])[:2]
     with serve(repo) as url, chromium_page() as page:
         page.goto(f"{url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning")

@@ -13,7 +13,7 @@ from ..data.dataset import DetectionDataset
 from ..data.loader import make_test_loader
 from ..data.preview import augmentation_preview
 from ..data.transforms import Compose, RandomHorizontalFlip, TestTimeAugmentation, build_transforms
-from ..policy import Policy, decode_policy, trivial_policy
+from ..policy import Policy, decode_policy, trivial_policy, trivial_zoom_policy
 
 
 def policy(p: Params) -> Policy | None:
@@ -31,7 +31,9 @@ def augmentation(p: Params, policy: Policy | None = None, *, ramp: bool = True):
     (:func:`tail_start`) or, without ``ramp``, at full strength from the first to the last (the search's fine-tunes). Without, the preset ``p.augment.name``: ``none``: nothing;
     ``flip``: horizontal flip with ``hflip_prob``; ``sa_autoaug``: as with its policy (decoded here: a caller
     that also logs the policy passes the one it decoded); ``trivial``: the flip, then one box-level op of the
-    same set at a uniform level, always but in the tail (:func:`pipelines.policy.trivial_policy`).
+    same set at a uniform level, always but in the tail (:func:`pipelines.policy.trivial_policy`);
+    ``trivial_zoom``: the same after a zoom_out, zoom_in or no zoom, one third each, at a uniform level, its
+    fillers drawn as ``sa_autoaug``'s are (:func:`pipelines.policy.trivial_zoom_policy`).
     """
     if policy is not None:
         return _scale_aware(p, policy, ramp=ramp)
@@ -55,7 +57,8 @@ def _scale_aware(p: Params, policy: Policy, *, ramp: bool) -> Compose:
     autoaug = ScaleAwareAutoAugment(policy, scale_splits=augment.scale_splits, box_prob=augment.box_prob,
                                     max_iter=p.train.max_iter if ramp else 0, filler_cache_mb=augment.filler_cache_mb,
                                     filler_pool=augment.filler_pool, filler_pool_iters=augment.filler_pool_iters,
-                                    off_from=tail_start(p) if ramp else None)
+                                    off_from=tail_start(p) if ramp else None,
+                                    translate_relative=bool(augment.translate_relative))
     return Compose([_flip(p), autoaug])
 
 
@@ -63,13 +66,23 @@ def _trivial(p: Params) -> Compose:
     augment = p.augment  # no ramp (max_iter 0): TrivialAugment applies its op at once, at full strength
     return Compose([_flip(p), ScaleAwareAutoAugment(trivial_policy(), scale_splits=augment.scale_splits,
                                                     box_prob=augment.box_prob, max_iter=0, filler_cache_mb=0,
-                                                    off_from=tail_start(p))])
+                                                    off_from=tail_start(p),
+                                                    translate_relative=bool(augment.translate_relative))])
+
+
+def _trivial_zoom(p: Params) -> Compose:
+    augment = p.augment  # as _trivial, no ramp; zoom_out's fillers as sa_autoaug's (pool, cache)
+    autoaug = ScaleAwareAutoAugment(trivial_zoom_policy(), scale_splits=augment.scale_splits, box_prob=augment.box_prob,
+                                    max_iter=0, filler_cache_mb=augment.filler_cache_mb,
+                                    filler_pool=augment.filler_pool, filler_pool_iters=augment.filler_pool_iters,
+                                    off_from=tail_start(p), translate_relative=bool(augment.translate_relative))
+    return Compose([_flip(p), autoaug])
 
 
 # augment.name: the names config validation accepts are these keys (config.registry).
 AUGMENTATIONS = registry("augment.name", {"none": lambda p: None, "flip": _flip,
                                           "sa_autoaug": lambda p: _scale_aware(p, policy(p), ramp=True),
-                                          "trivial": _trivial})
+                                          "trivial": _trivial, "trivial_zoom": _trivial_zoom})
 
 
 def train_transforms(p: Params, augmentation) -> Compose:

@@ -110,7 +110,9 @@ def read_policy_file(p: Params, source: str = "params.yaml") -> Params:
     """``p`` with the genes of a search's result (``augment.policy_file`` ending in ``.json``) as
     ``augment.policy``, and the scale bounds it was searched with as ``augment.scale_splits``, where
     ``augment.name`` is sa_autoaug; the train stage reads it so (the search's own stages never do: they run
-    before it exists)."""
+    before it exists). Where the search's confirm stage found a preset better than every genome (the flip, say),
+    the file holds that preset's whole ``augment`` section instead of genes, and ``p`` gets it (validated as
+    params are; ``policy_file`` still names the file)."""
     augment = p.augment
     if augment.name != "sa_autoaug" or not augment.policy_file.endswith(".json"):
         return p
@@ -122,8 +124,12 @@ def read_policy_file(p: Params, source: str = "params.yaml") -> Params:
     if found is None:
         raise ConfigError(f"{source}: augment.policy_file: {path}: not found; run the search "
                           "(make search) or choose another augment preset")
+    if isinstance(found, dict) and isinstance(found.get("augment"), dict):
+        return _with_augment(p, {**found["augment"], "policy_file": augment.policy_file},
+                             source=f"{source}: augment.policy_file: {path}")
     if not isinstance(found, dict) or not isinstance(found.get("policy"), list):
-        raise ConfigError(f"{source}: augment.policy_file: {path}: expected a JSON object with a 'policy' gene list")
+        raise ConfigError(f"{source}: augment.policy_file: {path}: expected a JSON object with a 'policy' gene list "
+                          "or an 'augment' section")
     if found.get("n_subpolicies", augment.n_subpolicies) != augment.n_subpolicies:
         raise ConfigError(f"{source}: augment.policy_file: {path}: searched with {found['n_subpolicies']} "
                           f"sub-policies, augment.n_subpolicies is {augment.n_subpolicies}")
@@ -137,6 +143,13 @@ def read_policy_file(p: Params, source: str = "params.yaml") -> Params:
                           f"got {splits!r}")
     return dataclasses.replace(p, augment=dataclasses.replace(augment, policy=list(found["policy"]),
                                                               scale_splits=splits))
+
+
+def _with_augment(p: Params, augment: dict, *, source: str) -> Params:
+    """``p`` with the ``augment`` section replaced, validated as a params file is."""
+    raw = dataclasses.asdict(p)
+    raw["augment"] = augment
+    return params_from_dict(raw, source=source)
 
 
 def to_flat_dict(params: Params | dict[str, Any]) -> dict[str, Any]:

@@ -102,12 +102,13 @@ class Model:
 
 @dataclass
 class Augment:
-    name: str = MISSING  # none | flip | sa_autoaug | trivial
+    name: str = MISSING  # none | flip | sa_autoaug | trivial | trivial_zoom
     hflip_prob: float = MISSING
-    # the last off_tail of train.max_iter's iterations run the resize and flip only (required by sa_autoaug and
-    # trivial; 0: no tail)
+    # the last off_tail of train.max_iter's iterations run the resize and flip only (required by sa_autoaug,
+    # trivial and trivial_zoom; 0: no tail)
     off_tail: Optional[float] = None
-    # Scale-aware AutoAugment (required by name=sa_autoaug; scale_splits and box_prob also by trivial)
+    # Scale-aware AutoAugment (required by name=sa_autoaug; scale_splits and box_prob also by trivial, and they
+    # and the filler_* keys by trivial_zoom)
     policy: Optional[list[int]] = None  # the flat gene list, 4 + 6 * n_subpolicies + 6 integers 0..9
     n_subpolicies: Optional[int] = None
     scale_splits: Optional[list[int]] = None  # box areas (pixels, resized image) between small/medium/large
@@ -115,6 +116,9 @@ class Augment:
     filler_cache_mb: Optional[float] = None  # zoom_out filler images kept per loader process
     filler_pool: Optional[int] = None  # zoom_out draws fillers among this many images of the split (0: all)
     filler_pool_iters: Optional[int] = None  # iterations between changes of the filler pool
+    # translate's offset scaled by the image's shorter side / 800 (the original's image size), rather than the
+    # original's pixels at any size (required by sa_autoaug, trivial and trivial_zoom; false: the pixels)
+    translate_relative: Optional[bool] = None
     # Where the policy comes from: pipelines/policy.py (the module of the published policy: the genes are
     # those above), or a policy search's JSON result, whose genes replace ``policy`` when params are read
     policy_file: str = MISSING
@@ -196,6 +200,34 @@ class Search:
     # The area bounds of the score's bins and of the policy's scale buckets: null, augment.scale_splits (the
     # original's, COCO's at 800 pixels); auto, those scaled to min(model.min_size_train); or three areas
     scale_splits: Any = None
+    # The fair score (docs/search.md): every candidate fine-tunes with the same random numbers (true) or with its
+    # own (false: seeded by its genes); the Pareto penalty compares with the null candidate (the flip-only
+    # fine-tune) or with the un-fine-tuned baseline; the weight of (9 - mean probability gene) in the score
+    common_random_numbers: bool = MISSING
+    pareto_comparator: str = MISSING  # null_candidate | baseline
+    regulariser_weight: float = MISSING
+    # the proxy's augmentation as the original's: a linear learning-rate warmup over this fraction of the
+    # fine-tune (0: none), translate scaled with the image size (augment.translate_relative)
+    proxy_warmup_fraction: float = MISSING
+    translate_relative: bool = MISSING
+    # the best rescore_top_k candidates are fine-tuned at rescore_seeds more seeds before they become parents or
+    # the result; their score is the mean over the seeds (0: no rescoring)
+    rescore_top_k: int = MISSING
+    rescore_seeds: int = MISSING
+    # what a candidate's genes are (docs/search.md#a-smaller-scale-aware-space): full, the policy's whole gene list
+    # (the original's); scale, the zoom and ratio genes and one strength over the published box-level ops
+    space: str = MISSING
+
+
+@dataclass
+class Confirm:
+    """The policy search's confirm stage (search/dvc.yaml): a section of its own, so that editing it re-runs the
+    confirmation and not the evolution, whose stage depends on the whole ``search`` section."""
+
+    top_k: int = MISSING  # the best candidates of the search by its score...
+    arms: list[str] = MISSING  # ...and these augment presets (conf/augment/; a missing one skipped with a warning)
+    seeds: int = MISSING  # trained at seeds seed, seed + 1, ... on the search-train images...
+    fraction: float = MISSING  # ...up to this fraction of train.max_iter (on its schedule), scored by held-out AP
 
 
 @dataclass
@@ -220,6 +252,7 @@ class Params:
     tracking: Tracking = field(default_factory=Tracking)
     launch: Launch = field(default_factory=Launch)
     search: Search = field(default_factory=Search)
+    confirm: Confirm = field(default_factory=Confirm)
     dataset: Any = None  # SyntheticDataset | CocoDataset, chosen by dataset.name
 
 
@@ -229,7 +262,7 @@ class Params:
 BACKBONES = tuple(backbones.BACKBONES)  # pipelines.model.BACKBONES
 NORMS = ("batchnorm", "groupnorm", "frozen_batchnorm")  # pipelines.model.NORM_LAYERS
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")  # pipelines.hardware.PRECISIONS
-AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial")  # pipelines.build.data.AUGMENTATIONS
+AUGMENTATIONS = ("none", "flip", "sa_autoaug", "trivial", "trivial_zoom")  # pipelines.build.data.AUGMENTATIONS
 OPTIMIZERS = ("sgd", "adamw")  # pipelines.solver.OPTIMIZERS
 LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
 EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS
@@ -237,6 +270,8 @@ CLS_LOSSES = ("focal", "qfl")  # pipelines.scale_loss.CLS_LOSSES
 TTA_SOURCES = ("resized", "decoded")  # pipelines.data.transforms.TTA_SOURCES and pipelines.inference.tta.SOURCES
 MERGES = ("nms", "vote")  # pipelines.model.MERGES and pipelines.inference.postprocess.MERGES
 ASSIGNERS = ("fcos", "atss")  # pipelines.model.ASSIGNERS
+PARETO_COMPARATORS = ("null_candidate", "baseline")  # pipelines.search.record.COMPARATORS
+SEARCH_SPACES = ("full", "scale")  # pipelines.search.space.SPACES
 
 CHOICES = {
     "model.backbone": BACKBONES,
@@ -250,6 +285,8 @@ CHOICES = {
     "evaluate.backend": EVAL_BACKENDS,
     "evaluate.merge": MERGES,
     "evaluate.tta_source": TTA_SOURCES,
+    "search.pareto_comparator": PARETO_COMPARATORS,
+    "search.space": SEARCH_SPACES,
 }
 
 _Registry = TypeVar("_Registry", bound=Mapping)

@@ -5,14 +5,16 @@ which calls them in order and adds the rules across sections).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
-from ..policy import decode_policy
+from ..policy import PUBLISHED_POLICY, decode_policy
 from .backbones import BACKBONES, WEIGHTS_NORMS, weights_enum, weights_name
 from .presets import group_hint
-from .schema import Augment, DatasetFiles, Evaluate, Launch, Loader, Model, Search, SyntheticDataset, Tracking, Train
+from .schema import (Augment, Confirm, DatasetFiles, Evaluate, Launch, Loader, Model, Search, SyntheticDataset, Tracking,
+                     Train)
 
 # require(ok, key, expected, value): raises ConfigError "<source>: <key>: expected <expected>, got <value>"
 # unless ok.
@@ -85,12 +87,17 @@ def check_augment(augment: Augment, require: Require, source: str) -> None:
     # (none and flip have nothing to turn off and ignore it: the search's baseline sets augment.name=flip alone)
     require(augment.off_tail is None or 0 <= augment.off_tail < 1, "augment.off_tail",
             "a fraction of train.max_iter in [0, 1)", augment.off_tail)
-    if augment.name not in ("sa_autoaug", "trivial"):
+    if augment.name not in ("sa_autoaug", "trivial", "trivial_zoom"):
         return
     from_file = augment.policy is None and augment.policy_file.endswith(".json")  # read by the train stage
-    needed = ("scale_splits", "box_prob", "off_tail") if augment.name == "trivial" else (
-        *(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
-        "filler_pool", "filler_pool_iters", "off_tail")
+    if augment.name == "trivial":
+        needed = ("scale_splits", "box_prob", "off_tail", "translate_relative")
+    elif augment.name == "trivial_zoom":  # and zoom_out's fillers
+        needed = ("scale_splits", "box_prob", "filler_cache_mb", "filler_pool", "filler_pool_iters", "off_tail",
+                  "translate_relative")
+    else:
+        needed = (*(() if from_file else ("policy",)), "n_subpolicies", "scale_splits", "box_prob", "filler_cache_mb",
+                  "filler_pool", "filler_pool_iters", "off_tail", "translate_relative")
     for key in needed:
         if getattr(augment, key) is None:
             raise ConfigError(f"{source}: augment.{key}: missing value (required by augment.name={augment.name})"
@@ -106,7 +113,7 @@ def check_augment(augment: Augment, require: Require, source: str) -> None:
             augment.filler_pool)
     require(augment.filler_pool_iters >= 1, "augment.filler_pool_iters", "a number of iterations >= 1",
             augment.filler_pool_iters)
-    if from_file:
+    if from_file or augment.name == "trivial_zoom":  # trivial_zoom: no genes (pipelines.policy.trivial_zoom_policy)
         return
     try:
         decode_policy(augment.policy, augment.n_subpolicies)  # the one check of the genes; errors name positions
@@ -180,9 +187,39 @@ def check_search(search: Search, require: Require) -> None:
     require(0 < search.heldout_fraction < 1, "search.heldout_fraction", "a fraction in (0, 1)", search.heldout_fraction)
     require(0 < search.baseline_fraction <= 1, "search.baseline_fraction", "a fraction in (0, 1]",
             search.baseline_fraction)
+    require(search.regulariser_weight >= 0, "search.regulariser_weight", "a weight >= 0 (0: no regulariser)",
+            search.regulariser_weight)
+    require(0 <= search.proxy_warmup_fraction < 1, "search.proxy_warmup_fraction",
+            "a fraction of search.fine_tune_iters in [0, 1) (0: no warmup)", search.proxy_warmup_fraction)
+    require(search.rescore_top_k >= 0, "search.rescore_top_k", "an integer >= 0 (0: no rescoring)",
+            search.rescore_top_k)
+    require(search.rescore_seeds >= 0, "search.rescore_seeds", "an integer >= 0", search.rescore_seeds)
+    require(search.rescore_top_k == 0 or search.rescore_seeds >= 1, "search.rescore_seeds",
+            f"at least 1 seed to rescore the best search.rescore_top_k ({search.rescore_top_k}) with",
+            search.rescore_seeds)
     splits = search.scale_splits
     require(splits is None or splits == "auto" or (
         isinstance(splits, (list, tuple)) and len(splits) == 3
         and all(isinstance(x, int) and not isinstance(x, bool) for x in splits)
         and list(splits) == sorted(set(splits)) and splits[0] > 0),
         "search.scale_splits", "null, auto or three increasing positive areas", splits)
+
+
+def check_search_space(search: Search, augment: Augment, require: Require) -> None:
+    """``search.space: scale`` keeps the published policy's box-level ops, so its sub-policies."""
+    published = (len(PUBLISHED_POLICY) - 10) // 6
+    require(search.space != "scale" or augment.n_subpolicies in (None, published), "search.space",
+            f"full with augment.n_subpolicies {augment.n_subpolicies} (scale keeps the published policy's "
+            f"{published} sub-policies)", search.space)
+
+
+def check_confirm(confirm: Confirm, require: Require) -> None:
+    require(confirm.top_k >= 0, "confirm.top_k", "an integer >= 0", confirm.top_k)
+    require(confirm.seeds >= 1, "confirm.seeds", "at least 1", confirm.seeds)
+    require(0 < confirm.fraction <= 1, "confirm.fraction", "a fraction in (0, 1]", confirm.fraction)
+    arms = confirm.arms
+    require(all(re.fullmatch(r"\w[\w.-]*", a) and not a.startswith("searched") for a in arms)
+            and len(set(arms)) == len(arms), "confirm.arms",
+            "distinct augment preset names of conf/augment/ (not searched: the stage writes its policy file)", arms)
+    require(confirm.top_k + len(arms) >= 1, "confirm.top_k",
+            "at least one policy to confirm (top_k + the presets of confirm.arms)", confirm.top_k)

@@ -1,9 +1,12 @@
 """The proxy task that scores a candidate: fine-tune the baseline with the candidate's policy at full
-strength for ``search.fine_tune_iters`` iterations at the constant ``search.fine_tune_lr``, adding the
-loss into scale bins (:mod:`pipelines.scale_loss`), then detect on the held-out split.
+strength for ``search.fine_tune_iters`` iterations at ``search.fine_tune_lr`` (after a linear warmup over
+``search.proxy_warmup_fraction`` of them), adding the loss into scale bins (:mod:`pipelines.scale_loss`),
+then detect on the held-out split. The null candidate is the same fine-tune with the flip only.
 
-A fine-tune is seeded from (``search.seed``, the candidate's key) and runs in one process with
-``search.threads`` threads, so it gives the same result wherever the precision and those match.
+A fine-tune is seeded from ``search.seed`` and a seed index (0 for a candidate's first fine-tune, 1, 2, ...
+for its rescoring): with ``search.common_random_numbers`` every candidate of one seed index draws the same
+random numbers (data order and per-image draws), otherwise each its own (from its key). It runs in one
+process with ``search.threads`` threads, so it gives the same result wherever the precision and those match.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from ..data.dataset import DetectionDataset
 from ..engine import train_step
 from ..evaluation import coco_evaluate, predict
 from ..policy import decode_policy
-from .genome import Genome, key
+from .genome import Genome
+from .space import space
 
 SCALES = ("APs", "APm", "APl")
 
@@ -42,8 +46,21 @@ class Proxy:
     device: torch.device = torch.device("cpu")
 
 
+WARMUP_FACTOR = 1 / 3  # maskrcnn-benchmark's default SOLVER.WARMUP_FACTOR: the original's fine-tunes warm up from it
+NULL = "null"  # the null candidate's name where a genome's key would be
+
+
 def candidate_seed(seed: int, genome_key: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{genome_key}".encode()).digest()[:4], "little")
+
+
+def fine_tune_seed(p: Params, genome_key: str, seed_index: int = 0) -> int:
+    """The seed of fine-tune ``seed_index`` of the candidate ``genome_key`` (:data:`NULL`: the null
+    candidate): with ``search.common_random_numbers`` the same for every candidate of that seed index."""
+    search = p.search
+    if search.common_random_numbers:
+        return candidate_seed(search.seed, f"common:{seed_index}")
+    return candidate_seed(search.seed, genome_key if seed_index == 0 else f"{genome_key}:{seed_index}")
 
 
 PUBLISHED_SPLITS = (2048, 10240, 51200)  # the original's bounds, pixel areas on COCO images resized to 800 pixels
@@ -84,11 +101,16 @@ def search_params(p: Params) -> Params:
 
 
 def fine_tune_params(p: Params) -> Params:
-    """``p`` with the fine-tune's schedule: ``search.fine_tune_iters`` at the constant ``search.fine_tune_lr``."""
+    """``p`` with the fine-tune's schedule: ``search.fine_tune_iters`` at the constant ``search.fine_tune_lr``
+    after a linear warmup from :data:`WARMUP_FACTOR` over ``search.proxy_warmup_fraction`` of them; and
+    translate scaled with the image size as ``search.translate_relative`` says."""
     search = p.search
-    return dataclasses.replace(p, train=dataclasses.replace(
-        p.train, max_iter=search.fine_tune_iters, stop_at=1.0, base_lr=search.fine_tune_lr, lr_schedule="multistep",
-        steps=[], warmup_iters=0))
+    warmup = round(search.proxy_warmup_fraction * search.fine_tune_iters)
+    return dataclasses.replace(
+        p, train=dataclasses.replace(p.train, max_iter=search.fine_tune_iters, stop_at=1.0, base_lr=search.fine_tune_lr,
+                                     lr_schedule="multistep", steps=[], warmup_iters=warmup,
+                                     warmup_factor=WARMUP_FACTOR),
+        augment=dataclasses.replace(p.augment, translate_relative=search.translate_relative))
 
 
 def _model(proxy: Proxy, split: str):
@@ -112,21 +134,29 @@ def heldout_aps(proxy: Proxy, model) -> dict[str, float]:
 
 
 def baseline_aps(proxy: Proxy) -> dict[str, float]:
-    """The baseline model's own APs on the held-out split: what candidates are compared with."""
+    """The baseline model's own APs on the held-out split (what candidates are compared with under
+    ``search.pareto_comparator: baseline``)."""
     model, _ = _model(proxy, "val")
     return heldout_aps(proxy, model)
 
 
-def fine_tune(proxy: Proxy, genome: Genome) -> dict:
-    """Fine-tune the baseline with ``genome``; return its scale bins, held-out APs and seconds."""
+def fine_tune(proxy: Proxy, genome: Genome | None, seed_index: int = 0) -> dict:
+    """Fine-tune the baseline with ``genome`` (genes of ``search.space``; ``None``: the null candidate, the flip
+    only) at seed index ``seed_index``; return its scale bins, held-out APs and seconds."""
     start = time.perf_counter()
     p = fine_tune_params(proxy.params)
-    seed = candidate_seed(p.search.seed, key(genome, p.augment.n_subpolicies))
+    genes = space(p.search.space, p.augment.n_subpolicies)  # a genome of search.space
+    seed = fine_tune_seed(p, NULL if genome is None else genes.key(genome), seed_index)
     torch.manual_seed(seed)
     model, cache = _model(proxy, "train")
     model.train()
     model.head.measure_scales(p.augment.scale_splits)
-    augmentation = build_data.augmentation(p, decode_policy(genome, p.augment.n_subpolicies), ramp=False)
+    if genome is None:
+        augmentation = build_data.augmentation(dataclasses.replace(p, augment=dataclasses.replace(p.augment,
+                                                                                                  name="flip")))
+    else:
+        augmentation = build_data.augmentation(p, decode_policy(genes.policy(genome), p.augment.n_subpolicies),
+                                               ramp=False)
     dataset = DetectionDataset(cache, transforms=build_data.train_transforms(p, augmentation), seed=seed)
     loader = build_train.fine_tune_loader(p, dataset, seed=seed)
     optimizer = build_train.optimizer(p, model)

@@ -26,6 +26,8 @@ TRAINING_RUN_TAG = "training_run_id"  # on an evaluation run: the training run w
 EXP_NAME_TAG, BASELINE_TAG, COMMIT_TAG = "dvc.exp_name", "dvc.baseline_rev", "mlflow.source.git.commit"
 PARAMS_HASH_TAG = "params.sha256"
 NOTE_TAG = "mlflow.note.content"  # the run's description in the UI (Markdown)
+PARENT_TAG = "mlflow.parentRunId"  # how MLflow's UI nests a run under another
+PARENT_RUN_ENV = "PIPELINES_PARENT_RUN_ID"  # set by a stage whose runs are another run's children (the search's confirm)
 _TAG_KEY = re.compile(r"[^\w./ :-]")  # characters MLflow does not take in a tag key
 
 
@@ -43,8 +45,10 @@ def git_commit(cwd: Path | None = None) -> str | None:
 
 
 def environment_tags(root: Path) -> dict[str, str]:
-    """The tags every run gets from where it runs: ``pipeline``, the git commit of ``root``, and the DVC
-    experiment's name and baseline when DVC sets ``DVC_EXP_NAME`` and ``DVC_EXP_BASELINE_REV``."""
+    """The tags every run gets from where it runs: ``pipeline``, the git commit of ``root``, the DVC
+    experiment's name and baseline when DVC sets ``DVC_EXP_NAME`` and ``DVC_EXP_BASELINE_REV``, and the
+    parent run (:data:`PARENT_TAG`) that :data:`PARENT_RUN_ENV` names (the search's confirm sets it for the
+    trainings it starts)."""
     tags = {"pipeline": "detection"}
     if commit := git_commit(root):
         tags[COMMIT_TAG] = commit
@@ -52,6 +56,8 @@ def environment_tags(root: Path) -> dict[str, str]:
         tags[EXP_NAME_TAG] = exp_name
     if baseline := os.environ.get("DVC_EXP_BASELINE_REV"):
         tags[BASELINE_TAG] = baseline
+    if parent := os.environ.get(PARENT_RUN_ENV):
+        tags[PARENT_TAG] = parent
     return tags
 
 

@@ -6,7 +6,8 @@ same output in any worker or rank):
 1. Zoom: one uniform draw ``u``; ``u < p_out``: zoom_out, else ``u < p_out + p_in``: zoom_in. The
    two probabilities are exactly the configured ones (the original draws zoom_in first and then
    zoom_out against ``p_in + p_out`` with a second draw, so its zoom_out fires about 41% of the
-   time with the published policy, not 30%). Zoom probabilities do not ramp.
+   time with the published policy, not 30%). Zoom probabilities do not ramp. A zoom without a level
+   (``augment=trivial_zoom``'s) then draws its level uniformly 0..9, before anything else it draws.
 2. One sub-policy, uniformly.
 3. Its color op, then its geometric op: each fires with probability
    ``p * min(iteration / max_iter, 1)`` where ``iteration`` is the true global iteration
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ...policy import Policy
+from ...policy import MAX_GENE, Policy, ZoomOp
 from ..transforms import SampleContext
 from ._cache import SampleCache
 from .color import color_op_on_boxes
@@ -62,6 +63,12 @@ def filler_pool(seed: int, block: int, num_samples: int, size: int) -> np.ndarra
     return pool
 
 
+def _level(zoom: ZoomOp, rng: np.random.Generator) -> int:
+    """The zoom's level: its own, or one drawn uniformly 0..9 from ``rng`` where it has none (a draw that only
+    such a policy, ``augment=trivial_zoom``'s, makes)."""
+    return zoom.level if zoom.level is not None else int(rng.integers(MAX_GENE + 1))
+
+
 class ScaleAwareAutoAugment:
     """Scale-aware AutoAugment of one training sample (a transform of :mod:`pipelines.data.transforms`).
 
@@ -75,6 +82,8 @@ class ScaleAwareAutoAugment:
         filler_pool_iters: iterations after which the filler pool changes.
         off_from: the iteration from which the transform does nothing (the strong-augmentation-off tail of
             ``augment.off_tail``); ``None``: never off.
+        translate_relative: translate's pixels scaled by the image's shorter side over 800 (the original's
+            image size) rather than the same pixels at any size.
 
     Call with ``(image uint8 [3, H, W], target, ctx)`` after resize and flip, before normalisation;
     returns a new ``(image, target)`` of the same size (the inputs are never modified in place).
@@ -83,7 +92,7 @@ class ScaleAwareAutoAugment:
 
     def __init__(self, policy: Policy, *, scale_splits: Sequence[int] = (2048, 10240, 51200), box_prob: float = 0.3,
                  max_iter: int, filler_cache_mb: float = 64.0, filler_pool: int = 0, filler_pool_iters: int = 1,
-                 off_from: int | None = None):
+                 off_from: int | None = None, translate_relative: bool = False):
         self.policy = policy
         self.scale_splits = tuple(scale_splits)
         self.box_prob = float(box_prob)
@@ -92,6 +101,7 @@ class ScaleAwareAutoAugment:
         self.filler_pool = int(filler_pool)
         self.filler_pool_iters = int(filler_pool_iters)
         self.off_from = None if off_from is None else int(off_from)
+        self.translate_relative = bool(translate_relative)
         self._fillers = SampleCache(int(self.filler_cache_mb * 2**20))
 
     def ramp(self, iteration: int) -> float:
@@ -118,17 +128,18 @@ class ScaleAwareAutoAugment:
             selected = select_boxes(boxes, ratios=self.policy.prob_ratios, box_prob=self.box_prob,
                                     scale_splits=self.scale_splits, rng=rng)
             image, target = geometric_op(sub.geometric.name, planar(image) if selected.any() else image, target,
-                                         level=sub.geometric.level, selected=selected, rng=rng)
+                                         level=sub.geometric.level, selected=selected, rng=rng,
+                                         translate_relative=self.translate_relative)
         return image, target
 
     def _zoom(self, image: torch.Tensor, target: dict, ctx: SampleContext) -> tuple[torch.Tensor, dict]:
         p_out, p_in = self.policy.zoom_out.prob, self.policy.zoom_in.prob
         u = ctx.rng.random()
         if u < p_out:
-            return zoom_out(image, target, ratio=zoom_out_ratio(self.policy.zoom_out.level),
+            return zoom_out(image, target, ratio=zoom_out_ratio(_level(self.policy.zoom_out, ctx.rng)),
                             fillers=self._draw_fillers(ctx))
         if u < p_out + p_in:
-            return zoom_in(image, target, ratio=zoom_in_ratio(self.policy.zoom_in.level), rng=ctx.rng)
+            return zoom_in(image, target, ratio=zoom_in_ratio(_level(self.policy.zoom_in, ctx.rng)), rng=ctx.rng)
         return image, target
 
     def _draw_fillers(self, ctx: SampleContext) -> list[tuple[torch.Tensor, dict]]:
@@ -143,4 +154,5 @@ class ScaleAwareAutoAugment:
         return (f"ScaleAwareAutoAugment(scale_splits={list(self.scale_splits)}, box_prob={self.box_prob}, "
                 f"max_iter={self.max_iter}, filler_cache_mb={self.filler_cache_mb}, "
                 f"filler_pool={self.filler_pool}, filler_pool_iters={self.filler_pool_iters}"
-                f"{'' if self.off_from is None else f', off_from={self.off_from}'},\n    {policy})")
+                f"{'' if self.off_from is None else f', off_from={self.off_from}'}"
+                f"{', translate_relative=True' if self.translate_relative else ''},\n    {policy})")

@@ -33,6 +33,7 @@ MAX_LEVEL = 10.0
 ROTATE_MAX_DEGREES = 30.0
 SHEAR_MAX_DEGREES = 15.0
 TRANSLATE_MAX_PIXELS = 120.0
+REFERENCE_SIDE = 800  # the shorter side the original's images are resized to: its translate pixels are for it
 
 _FILL = torch.tensor(MEAN_PIXEL, dtype=torch.float32).view(3, 1, 1)
 
@@ -147,17 +148,21 @@ def _translate(name: str, image: torch.Tensor, target: dict, selected: np.ndarra
 
 
 def geometric_op(name: str, image: torch.Tensor, target: dict, *, level: int, selected: np.ndarray,
-                 rng: np.random.Generator) -> tuple[torch.Tensor, dict]:
+                 rng: np.random.Generator, translate_relative: bool = False) -> tuple[torch.Tensor, dict]:
     """Apply op ``name`` to the ``selected`` boxes (bool ``[K]``) of ``(image, target)``.
 
     ``image`` is uint8 ``[3, H, W]``; ``target`` holds ``boxes`` (float32 xyxy ``[K, 4]``) and ``labels``
     (int64 ``[K]``). One draw from ``rng`` decides the sign. Returns a new image and target (the
     inputs themselves when nothing changes); only translate changes the target, by appending boxes.
+    With ``translate_relative``, translate's pixels are scaled by the image's shorter side over
+    :data:`REFERENCE_SIDE` (the original's relative strength at any size), rounded to whole pixels.
     """
     if name not in GEO_OPS:
         raise ValueError(f"unknown geometric op {name!r}; expected one of {', '.join(GEO_OPS)}")
     negate = rng.random() < 0.5
     amount = magnitude(name, level) * (-1 if negate else 1)
+    if translate_relative and name in ("translateX", "translateY"):
+        amount = round(amount * min(image.shape[-2:]) / REFERENCE_SIDE)
     if not selected.any() or (name != "hflip" and amount == 0):
         return image, target
     if name in ("translateX", "translateY"):
