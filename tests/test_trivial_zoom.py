@@ -141,9 +141,7 @@ def test_the_confirm_stage_trains_the_trivial_zoom_arm_with_its_preset(search_da
     with the preset (``python -m pipelines.launch ... stages.train``, run here in this process), and as the
     only arm it wins, so the policy file holds the preset, which ``augment=searched`` then trains."""
     monkeypatch.chdir(REPO)
-    # A store MLflow refuses at once (its file backend): the runs go untracked, as on any failing store, which
-    # saves creating a database; tests/test_search_confirm.py checks the tracked confirm runs.
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     commands = []
 
