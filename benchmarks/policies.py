@@ -115,9 +115,19 @@ def run(preset: str, seed: int, *, params: Path, prepared: Path, cache: Path, po
 
 
 def kept(runs: Path) -> list[dict]:
-    """Every run kept in ``runs``, in the order of ``PRESETS``, then by name and seed."""
+    """Every run kept in ``runs``, in the order of ``PRESETS`` (another preset after them), then by name and seed."""
     records = [json.loads(path.read_text()) for path in runs.glob("*.json")]
-    return sorted(records, key=lambda r: (PRESETS.index(r["preset"]), r["name"], r["seed"]))
+    order = {preset: i for i, preset in enumerate(PRESETS)}
+    return sorted(records, key=lambda r: (order.get(r["preset"], len(PRESETS)), r["preset"], r["name"], r["seed"]))
+
+
+def bounds(run: dict) -> str:
+    """The scale bounds a Scale-aware AutoAugment policy trained with (the published preset's, or a policy file's
+    genes'): its small / medium / large box areas; "-" for a run without such a policy (flip, trivial, a searched
+    file that held another preset's section), whose bounds select nothing."""
+    scale_aware = run["preset"] == "sa_autoaug" or run.get("genes") is not None
+    splits = run.get("scale_splits")
+    return " / ".join(str(x) for x in splits) if scale_aware and splits else "-"
 
 
 def figures(records: list[dict]) -> dict:
@@ -153,14 +163,17 @@ def table(f: dict) -> str:
     first = runs[0]
     m = first["machine"]
     lines = [f"`{first['model']}`, {first['schedule']}, {first['precision']} precision on the {m['class']} class; "
-             "mean over seeds (in brackets the spread: largest minus smallest); the last column is AP minus the "
-             "flip's AP at the same seed.", "",
-             "| augment | seeds | " + " | ".join(METRICS) + " | AP - flip, per seed |",
-             "|---|---|" + "---|" * len(METRICS) + "---|"]
+             "mean over seeds (in brackets the spread: largest minus smallest); bounds: the scale bounds the "
+             "policy's small / medium / large boxes were told apart by (areas in pixels at the training size; the "
+             "original's are 2048 / 10240 / 51200); the last column is AP minus the flip's AP at the same seed.", "",
+             "| augment | bounds | seeds | " + " | ".join(METRICS) + " | AP - flip, per seed |",
+             "|---|---|---|" + "---|" * len(METRICS) + "---|"]
     for name, s in f["summary"].items():
         cells = [f"{_fmt(s['mean'][k])} ({_fmt(s['spread'][k])})" for k in METRICS]
         delta = ", ".join(f"{d:+.3f}" for d in paired(runs, name)) if name != "flip" else ""
-        lines.append(f"| {name} | {', '.join(map(str, s['seeds']))} | " + " | ".join(cells) + f" | {delta} |")
+        trained = "; ".join(dict.fromkeys(bounds(r) for r in runs if r["name"] == name))  # one, unless runs differ
+        lines.append(f"| {name} | {trained} | {', '.join(map(str, s['seeds']))} | " + " | ".join(cells)
+                     + f" | {delta} |")
     lines += ["", "| augment | seed | " + " | ".join(METRICS) + " | train | evaluate |",
               "|---|---|" + "---|" * len(METRICS) + "---|---|"]
     for r in runs:
