@@ -5,7 +5,8 @@ stages run, as ``dvc repro`` runs them (``pipelines.launch``, ``train.nproc`` pr
 data of ``--prepared`` and ``--cache``, with the params of ``--params`` except two: the ``augment``
 section, composed from ``conf/augment/<preset>.yaml`` as ``-S augment=<preset>`` would, and ``seed``
 (the model's initialisation, the loader's order and every augmentation draw). ``searched`` takes its
-genes from ``--policy-file``, a search's ``policy.json``. MLflow records the runs in a store of their own
+genes from ``--policy-file``, a search's ``policy.json`` (by default the published one that ``augment=searched``
+trains, ``benchmarks/records/search/policy.json``). MLflow records the runs in a store of their own
 in the scratch folder, which is deleted with the models.
 
 Every finished run is kept at once as ``--runs/<name>-s<seed>.json`` (its metrics, wall times, the
@@ -125,7 +126,7 @@ def bounds(run: dict) -> str:
     """The scale bounds a Scale-aware AutoAugment policy trained with (the published preset's, or a policy file's
     genes'): its small / medium / large box areas; "-" for a run without such a policy (flip, trivial, a searched
     file that held another preset's section), whose bounds select nothing."""
-    scale_aware = run["preset"] == "sa_autoaug" or run.get("genes") is not None
+    scale_aware = run["preset"].startswith("sa_autoaug") or run["name"].startswith("sa_autoaug") or run.get("genes")
     splits = run.get("scale_splits")
     return " / ".join(str(x) for x in splits) if scale_aware and splits else "-"
 
@@ -189,15 +190,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml", help="the params of every run")
     parser.add_argument("--prepared", type=Path, default=REPO / "data" / "prepared", help="the prepare stage's output")
     parser.add_argument("--cache", type=Path, default=REPO / "data" / "cache", help="the cache stage's output")
-    parser.add_argument("--policy-file", type=Path, default=REPO / "search" / "outputs" / "policy.json",
-                        help="the search result that `searched` trains with")
+    parser.add_argument("--policy-file", type=Path, default=REPO / "benchmarks" / "records" / "search" / "policy.json",
+                        help="the search result that `searched` trains with (default: the published one, which "
+                             "augment=searched trains)")
     parser.add_argument("--label", help="names the searched runs searched-LABEL (another search's result)")
     parser.add_argument("--runs", type=Path, default=REPO / "benchmarks" / "records" / "policies",
                         help="where each finished run is kept (and found again); the table covers them all")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     if "searched" in args.augment and not args.policy_file.is_file():
-        parser.error(f"--policy-file: {args.policy_file} is not a file; run the search (make search)")
+        parser.error(f"--policy-file: {args.policy_file} is not a file; run the search (make search: it publishes "
+                     "its result) or name a policy file")
     for preset in args.augment:
         for seed in args.seeds:
             run(preset, seed, params=args.params, prepared=args.prepared, cache=args.cache,

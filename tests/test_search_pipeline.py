@@ -152,7 +152,8 @@ def test_the_policies_benchmark_keeps_each_run_and_never_runs_a_kept_one_again(r
     """benchmarks/policies.py through the train and evaluate stages, on the tiny params: one record per preset
     and seed; run again, it reads them back and runs nothing."""
     runs = tmp_path / "runs"
-    command = [sys.executable, "-m", "benchmarks.policies", "--augment", "searched", "--seeds", "3", "--runs", str(runs)]
+    command = [sys.executable, "-m", "benchmarks.policies", "--augment", "searched", "--seeds", "3", "--runs", str(runs),
+               "--policy-file", "search/outputs/policy.json"]  # the search's own, published or not
     first = subprocess.run(command, cwd=repo, env=_env(), capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     kept = {p.name: json.loads(p.read_text()) for p in runs.glob("*.json")}

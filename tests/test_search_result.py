@@ -161,3 +161,29 @@ def test_the_command_prints_one_error_line_and_writes_nothing(tmp_path):
     assert done.stderr.splitlines() == ["error: search/outputs/policy.json: not found; run the search "
                                         "(make search) before publishing it"]
     assert not (root / "benchmarks").exists() and not (root / "conf").exists()
+
+
+def test_the_policy_table_shows_the_bounds_each_policy_trained_with_and_any_kept_arm(tmp_path):
+    """The published policy with the original's bounds and with the scaled ones (another arm's name) are two rows,
+    each with its bounds, beside a searched policy's; a policy-free preset shows none."""
+    from benchmarks import policies
+
+    def kept(name, preset, seed, ap, *, genes=None, splits=None):
+        record = {"name": name, "preset": preset, "seed": seed, "genes": genes, "scale_splits": splits,
+                  "metrics": {k: ap for k in policies.METRICS}, "seconds": {"train": 1.0, "evaluate": 1.0},
+                  "machine": {"class": "AVX2"}, "precision": "fp32", "model": "fcos_tiny", "schedule": "8 iterations"}
+        (tmp_path / f"{name}-s{seed}.json").write_text(json.dumps(record))
+
+    for seed in (0, 1):
+        kept("flip", "flip", seed, 0.5, splits=[2048, 10240, 51200])
+        kept("sa_autoaug", "sa_autoaug", seed, 0.6, splits=[2048, 10240, 51200])
+        kept("sa_autoaug-auto", "sa_autoaug", seed, 0.62 + seed / 100, splits=[210, 1049, 5243])
+        kept("searched-auto", "searched", seed, 0.55, genes=GENOME, splits=[210, 1049, 5243])
+    table = policies.table(policies.figures(policies.kept(tmp_path)))
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:3] for line in table.splitlines()
+            if line.startswith("| ") and " | 0, 1 | " in line}
+    assert rows == {"sa_autoaug": ["2048 / 10240 / 51200", "0, 1"], "sa_autoaug-auto": ["210 / 1049 / 5243", "0, 1"],
+                    "searched-auto": ["210 / 1049 / 5243", "0, 1"], "flip": ["-", "0, 1"]}
+    assert "| sa_autoaug-auto | 210 / 1049 / 5243 | 0, 1 | 0.625 (0.010) |" in table and "+0.120, +0.130 |" in table
+    kept("zz-arm", "zz_preset", 0, 0.5)  # a preset the benchmark does not know: after the known ones
+    assert [r["name"] for r in policies.kept(tmp_path)][-1] == "zz-arm"
