@@ -35,10 +35,12 @@ doctor: install
 	python -m pipelines.doctor
 
 # The policy search, a pipeline of its own: linked as search/dvc.yaml on first use (commit the link, so
-# that a colleague's DVC knows it too), then reproduced (about 2 hours on 2 cores, the confirmation included).
+# that a colleague's DVC knows it too), then reproduced (about 2 hours on 2 cores, the confirmation included),
+# and its result published into benchmarks/records/search/, which augment=searched trains (commit it).
 search: install
 	test -e search/dvc.yaml || ln -s pipeline.yaml search/dvc.yaml
 	dvc repro search/dvc.yaml
+	python -m stages.publish_search
 
 # A team's MLflow server: PostgreSQL and `mlflow server` with proxied artifacts, in .tracking-server/;
 # prints the MLFLOW_TRACKING_URI to use; Ctrl-C stops both. PORT=5000 ARGS="--auth" and so on.

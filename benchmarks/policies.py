@@ -5,7 +5,8 @@ stages run, as ``dvc repro`` runs them (``pipelines.launch``, ``train.nproc`` pr
 data of ``--prepared`` and ``--cache``, with the params of ``--params`` except two: the ``augment``
 section, composed from ``conf/augment/<preset>.yaml`` as ``-S augment=<preset>`` would, and ``seed``
 (the model's initialisation, the loader's order and every augmentation draw). ``searched`` takes its
-genes from ``--policy-file``, a search's ``policy.json``. ``trivial_zoom`` is the bar without any search
+genes from ``--policy-file``, a search's ``policy.json`` (by default the published one that ``augment=searched``
+trains, ``benchmarks/records/search/policy.json``). ``trivial_zoom`` is the bar without any search
 (TrivialAugment's uniform op after a uniform zoom, docs/augmentation.md). One arm is not a preset:
 ``sa_autoaug-auto``, the published policy with the bounds a search with ``search.scale_splits: auto`` uses
 (the original's scaled to the smallest training size), so that the published policy and a ``searched-auto``
@@ -139,9 +140,19 @@ def run(arm: str, seed: int, *, params: Path, prepared: Path, cache: Path, polic
 
 
 def kept(runs: Path) -> list[dict]:
-    """Every run kept in ``runs``, in the order of ``PRESETS``, then by name and seed."""
+    """Every run kept in ``runs``, in the order of ``PRESETS`` (another preset after them), then by name and seed."""
     records = [json.loads(path.read_text()) for path in runs.glob("*.json")]
-    return sorted(records, key=lambda r: (PRESETS.index(r["preset"]), r["name"], r["seed"]))
+    order = {preset: i for i, preset in enumerate(PRESETS)}
+    return sorted(records, key=lambda r: (order.get(r["preset"], len(PRESETS)), r["preset"], r["name"], r["seed"]))
+
+
+def bounds(run: dict) -> str:
+    """The scale bounds a Scale-aware AutoAugment policy trained with (the published preset's, or a policy file's
+    genes'): its small / medium / large box areas; "-" for a run without such a policy (flip, trivial, a searched
+    file that held another preset's section), whose bounds select nothing."""
+    scale_aware = run["preset"].startswith("sa_autoaug") or run["name"].startswith("sa_autoaug") or run.get("genes")
+    splits = run.get("scale_splits")
+    return " / ".join(str(x) for x in splits) if scale_aware and splits else "-"
 
 
 def figures(records: list[dict]) -> dict:
@@ -177,14 +188,17 @@ def table(f: dict) -> str:
     first = runs[0]
     m = first["machine"]
     lines = [f"`{first['model']}`, {first['schedule']}, {first['precision']} precision on the {m['class']} class; "
-             "mean over seeds (in brackets the spread: largest minus smallest); the last column is AP minus the "
-             "flip's AP at the same seed.", "",
-             "| augment | seeds | " + " | ".join(METRICS) + " | AP - flip, per seed |",
-             "|---|---|" + "---|" * len(METRICS) + "---|"]
+             "mean over seeds (in brackets the spread: largest minus smallest); bounds: the scale bounds the "
+             "policy's small / medium / large boxes were told apart by (areas in pixels at the training size; the "
+             "original's are 2048 / 10240 / 51200); the last column is AP minus the flip's AP at the same seed.", "",
+             "| augment | bounds | seeds | " + " | ".join(METRICS) + " | AP - flip, per seed |",
+             "|---|---|---|" + "---|" * len(METRICS) + "---|"]
     for name, s in f["summary"].items():
         cells = [f"{_fmt(s['mean'][k])} ({_fmt(s['spread'][k])})" for k in METRICS]
         delta = ", ".join(f"{d:+.3f}" for d in paired(runs, name)) if name != "flip" else ""
-        lines.append(f"| {name} | {', '.join(map(str, s['seeds']))} | " + " | ".join(cells) + f" | {delta} |")
+        trained = "; ".join(dict.fromkeys(bounds(r) for r in runs if r["name"] == name))  # one, unless runs differ
+        lines.append(f"| {name} | {trained} | {', '.join(map(str, s['seeds']))} | " + " | ".join(cells)
+                     + f" | {delta} |")
     lines += ["", "| augment | seed | " + " | ".join(METRICS) + " | train | evaluate |",
               "|---|---|" + "---|" * len(METRICS) + "---|---|"]
     for r in runs:
@@ -201,15 +215,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml", help="the params of every run")
     parser.add_argument("--prepared", type=Path, default=REPO / "data" / "prepared", help="the prepare stage's output")
     parser.add_argument("--cache", type=Path, default=REPO / "data" / "cache", help="the cache stage's output")
-    parser.add_argument("--policy-file", type=Path, default=REPO / "search" / "outputs" / "policy.json",
-                        help="the search result that `searched` trains with")
+    parser.add_argument("--policy-file", type=Path, default=REPO / "benchmarks" / "records" / "search" / "policy.json",
+                        help="the search result that `searched` trains with (default: the published one, which "
+                             "augment=searched trains)")
     parser.add_argument("--label", help="names the searched runs searched-LABEL (another search's result)")
     parser.add_argument("--runs", type=Path, default=REPO / "benchmarks" / "records" / "policies",
                         help="where each finished run is kept (and found again); the table covers them all")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     if "searched" in args.augment and not args.policy_file.is_file():
-        parser.error(f"--policy-file: {args.policy_file} is not a file; run the search (make search)")
+        parser.error(f"--policy-file: {args.policy_file} is not a file; run the search (make search: it publishes "
+                     "its result) or name a policy file")
     for arm in args.augment:
         for seed in args.seeds:
             run(arm, seed, params=args.params, prepared=args.prepared, cache=args.cache,

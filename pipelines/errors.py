@@ -37,6 +37,10 @@ class TrainingError(PipelineError):
     """Training cannot go on (a non-finite loss)."""
 
 
+class SearchError(PipelineError):
+    """A policy search's result is missing, unfinished, or its files are of different searches."""
+
+
 class OutputError(PipelineError):
     """An output folder cannot be written: not a folder, not writable, or not enough free space."""
 

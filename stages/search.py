@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> None:
         best_policy = decode_policy(genes.policy(best["genome"]), augment.n_subpolicies)
         write_json(args.policy, search_policy(best, settings, scale_splits=augment.scale_splits,
                                               translate_relative=p.search.translate_relative))
-        write_json(args.metrics, record.metrics(best, baseline, comparators))
-        write_json(args.ranked, search.ranked())
+        ranked = search.ranked()
+        write_json(args.metrics, record.metrics(best, baseline, comparators, ranked))
+        write_json(args.ranked, ranked)
         write_json(args.curve, [{"round": e["round"], "best": e["best"]["score"], "round_best": e["round_best"],
                                  "median": e["median"]} for e in search.history])
         write_json(args.bins, record.top_bins(search, TOP))

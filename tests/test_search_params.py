@@ -91,7 +91,8 @@ def test_a_search_result_gives_the_training_its_genes_and_its_bounds(raw, tmp_pa
 
 
 @pytest.mark.parametrize("result, message", [
-    (None, r"not found; run the search \(make search\) or choose another augment preset"),
+    (None, r"not found; run the search \(make search, which publishes its result with python -m "
+           r"stages.publish_search\) or choose another augment preset"),
     ("{not json", r"not readable JSON \(Expecting property name .*\)"),
     ({"genes": []}, "expected a JSON object with a 'policy' gene list or an 'augment' section"),
     ({"policy": list(PUBLISHED_POLICY), "n_subpolicies": 4}, "searched with 4 sub-policies, augment.n_subpolicies is 5"),

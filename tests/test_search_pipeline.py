@@ -13,6 +13,7 @@ import mlflow
 import pytest
 
 from pipelines.policy import decode_policy
+from pipelines.search.space import space
 
 from .search_probe import kill_when_scored
 from .test_pipeline import TINY_ONE_PROCESS as TINY, _copy_repo, _env
@@ -70,6 +71,11 @@ def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(
     assert table["winner"] == "search-1" and table["arms"]["search-1"]["key"] == best["key"]
     metrics = json.loads((repo / "search" / "metrics" / "search.json").read_text())
     assert metrics["score"] == best["score"] and {"APs", "APm", "APl", "baseline_APs"} <= set(metrics)
+    keys, genes = [r["key"] for r in ranked], space("full", 5)
+    published = keys.index(genes.key(genes.canonical(genes.published())))  # scored in round 0: include_published
+    assert metrics["winner"] == best["key"] and metrics["winner_score"] == best["score"]
+    assert metrics["published_rank"] == published + 1 and metrics["published_score"] == ranked[published]["score"]
+    assert metrics["margin"] == pytest.approx(best["score"] - ranked[published]["score"])
     assert [row["round"] for row in json.loads((repo / "search" / "metrics" / "curve.json").read_text())] == [0, 1]
     shown = json.loads(_dvc(repo, "metrics", "show", "--json"))[""]["data"]
     assert shown["search/metrics/search.json"]["data"]["score"] == best["score"]
@@ -123,6 +129,13 @@ def test_a_killed_search_resumes_to_the_history_and_policy_of_an_uninterrupted_o
 
 
 def test_augment_searched_trains_the_policy_the_search_found(repo):
+    """Published (as ``make search`` publishes it), the search's policy file is the committed one that
+    ``augment=searched`` trains."""
+    published = subprocess.run([sys.executable, "-m", "stages.publish_search"], cwd=repo, env=_env(),
+                               capture_output=True, text=True)
+    assert published.returncode == 0, published.stderr[-3000:]
+    assert ((repo / "benchmarks/records/search/policy.json").read_bytes()
+            == (repo / "search/outputs/policy.json").read_bytes())
     subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY, *SEARCH, "augment=searched"], cwd=repo,
                    env=_env(), check=True)
     ran = _ran(_dvc(repo, "repro"))
@@ -139,7 +152,8 @@ def test_the_policies_benchmark_keeps_each_run_and_never_runs_a_kept_one_again(r
     """benchmarks/policies.py through the train and evaluate stages, on the tiny params: one record per preset
     and seed; run again, it reads them back and runs nothing."""
     runs = tmp_path / "runs"
-    command = [sys.executable, "-m", "benchmarks.policies", "--augment", "searched", "--seeds", "3", "--runs", str(runs)]
+    command = [sys.executable, "-m", "benchmarks.policies", "--augment", "searched", "--seeds", "3", "--runs", str(runs),
+               "--policy-file", "search/outputs/policy.json"]  # the search's own, published or not
     first = subprocess.run(command, cwd=repo, env=_env(), capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     kept = {p.name: json.loads(p.read_text()) for p in runs.glob("*.json")}

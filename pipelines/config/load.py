@@ -123,7 +123,8 @@ def read_policy_file(p: Params, source: str = "params.yaml") -> Params:
         raise ConfigError(f"{source}: augment.policy_file: {path}: not readable JSON ({first_line(err)})") from None
     if found is None:
         raise ConfigError(f"{source}: augment.policy_file: {path}: not found; run the search "
-                          "(make search) or choose another augment preset")
+                          "(make search, which publishes its result with python -m stages.publish_search) or "
+                          "choose another augment preset")
     if isinstance(found, dict) and isinstance(found.get("augment"), dict):
         return _with_augment(p, {**found["augment"], "policy_file": augment.policy_file},
                              source=f"{source}: augment.policy_file: {path}")

@@ -154,15 +154,19 @@ class SearchRecord:
                 child.finish()
         return on_round
 
-    def metrics(self, best: dict, baseline: dict[str, float], comparators: dict[int, dict]) -> dict:
+    def metrics(self, best: dict, baseline: dict[str, float], comparators: dict[int, dict],
+                ranked: list[dict]) -> dict:
         """The search's metrics: the best candidate's score and its terms and held-out APs, each the mean over
-        its seeds, beside the baseline's and the comparator's (seed index 0) APs."""
+        its seeds, beside the baseline's and the comparator's (seed index 0) APs; then how the winner stands
+        against the published genome among ``ranked`` (every scored candidate, best first: :func:`standing`)."""
         seeds = [best, *best.get("rescores", [])]
+        genes = self.settings.genome_space
         return {**{k: sum(r[k] for r in seeds) / len(seeds) for k in (*TERMS[1:], "AP", *SCALES)},
                 "score": best["score"], "seeds": len(seeds),
                 **{f"baseline_{k}": baseline[k] for k in ("AP", *SCALES)},
                 **{f"comparator_{k}": comparators[0][k] for k in ("AP", *SCALES)},
-                "candidates": len(list(self.folder.glob("candidates/*.json")))}
+                "candidates": len(list(self.folder.glob("candidates/*.json"))),
+                **standing(ranked, genes.key(genes.canonical(genes.published())))}
 
     def top_bins(self, search: Search, count: int) -> list[dict]:
         """The best ``count`` candidates' loss shares per scale, as rows for ``dvc plots``."""
@@ -172,6 +176,23 @@ class SearchRecord:
             rows += [{"candidate": label, "scale": name, "share": share}
                      for name, share in zip(SCALE_NAMES, _shares(result))]
         return rows
+
+
+def standing(ranked: list[dict], published_key: str) -> dict:
+    """The winner (``ranked[0]``: the best by the score, lower is better) against the published genome (its key
+    ``published_key``): ``winner``, ``winner_score``, ``published_rank`` (1 is the best of ``ranked``),
+    ``published_score`` and ``margin``, the winner's score minus the published one's (0 where the published
+    genome won; below 0 where the winner scored better). The published genome is scored in round 0 with
+    ``search.include_published``; where it was not scored, its three figures are null."""
+    keys = [r["key"] for r in ranked]
+    winner = ranked[0]
+    if published_key not in keys:
+        return {"winner": winner["key"], "winner_score": winner["score"], "published_rank": None,
+                "published_score": None, "margin": None}
+    rank = keys.index(published_key) + 1
+    published = ranked[rank - 1]
+    return {"winner": winner["key"], "winner_score": winner["score"], "published_rank": rank,
+            "published_score": published["score"], "margin": winner["score"] - published["score"]}
 
 
 def search_policy(best: dict, settings: Settings, *, scale_splits: list[int], translate_relative: bool) -> dict:
