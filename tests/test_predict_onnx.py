@@ -139,7 +139,7 @@ def test_onnx_predicts_as_the_pth_it_was_exported_from(in_workspace, capsys, tta
     torch_found, torch_summary = _predict(["images", "--model", "model_final.pth", "--out", f"torch{tta}{levers}",
                                            "--precision", "fp32", *extra], capsys)
     onnx_found, summary = _predict(["images", "--model", exported, "--out", f"onnx{tta}{levers}", *extra], capsys)
-    merging = ("vote", 0.5) if levers else ("nms", 0.6)
+    merging = ("vote", 0.5) if levers else (_params_tree()["evaluate"]["merge"], 0.6)  # the repository's default
     assert (summary["merge"], summary["nms_thresh"]) == (torch_summary["merge"], torch_summary["nms_thresh"]) == merging
     rate, worst, total = match(torch_found, onnx_found)
     print(f"tta={tta}: {total} detections, match rate {rate:.4f}, max score difference {worst:.2e}")
