@@ -95,7 +95,8 @@ def test_transforms_resize_to_the_train_or_test_sizes(params):
 def test_test_time_augmentation_only_when_asked(params):
     assert build_data.test_time_augmentation(_with(params, "evaluate", tta=False)) is None
     tta = build_data.test_time_augmentation(_with(params, "evaluate", tta=True, tta_scales=[200, 300], tta_flip=False))
-    assert tta == transforms.TestTimeAugmentation(scales=(200, 300), max_size=params.evaluate.tta_max_size, flip=False)
+    assert tta == transforms.TestTimeAugmentation(scales=(200, 300), max_size=params.evaluate.tta_max_size, flip=False,
+                                                  source=params.evaluate.tta_source)
 
 
 def test_detector_follows_the_model_section(params):

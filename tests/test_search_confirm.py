@@ -119,7 +119,7 @@ def test_the_confirm_stage_trains_each_arm_with_the_train_stage_and_writes_the_b
     trained = yaml.safe_load((out["confirm"] / f"g{key(GENOME, 5)}-s0" / "params.yaml").read_text())
     assert trained["augment"]["name"] == "sa_autoaug" and trained["train"] == {**raw["train"], "stop_at": 1.0}
 
-    client = mlflow.MlflowClient()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")  # not the process's (another test's) URI
     (run,) = client.search_runs([parent.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.run_id}'")
     assert run.info.run_id == kept["training_run_id"] and run.data.tags["pipeline.stage"] == "train"
     assert json.loads(run.data.params["augment.policy"]) == GENOME  # read from the candidate's policy file
