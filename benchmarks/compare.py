@@ -58,7 +58,7 @@ ARMS = ("baseline", "candidate")
 COMPARED = ("AP", "AP_iou50", "AP_iou75", "AP_iou85", "AP_iou90", "AP_iou95", "APs", "APm", "APl")
 ADOPT_MARGIN, SAVING_MARGIN, WORST_SEED = 0.0, -0.005, -0.03
 # what training does not read: two configurations equal outside these train the same model
-NOT_TRAINING = ("evaluate", "tracking", "launch", "search")
+NOT_TRAINING = ("evaluate", "tracking", "launch", "search", "confirm")
 SCORING = ("backend", "bootstrap")  # evaluate settings that score detections without changing them
 
 
@@ -118,10 +118,18 @@ def digest(value) -> str:
 
 
 def training_key(raw: dict) -> str:
-    """What training reads: two arms with the same key train the same model at a seed."""
+    """What training reads: two arms with the same key train the same model at a seed. A setting that is
+    off (``false`` or ``null``, as every lever is until adopted) is left out, so a lever added later
+    leaves the key of the models already kept as it was."""
     reads = {k: v for k, v in raw.items() if k not in NOT_TRAINING and k != "seed"}
     reads["dataset"] = {k: v for k, v in raw["dataset"].items() if k != "val_size"}
-    return digest(reads)
+    return digest(_without_off(reads))
+
+
+def _without_off(value):
+    if isinstance(value, dict):
+        return {k: _without_off(v) for k, v in value.items() if v is not None and v is not False}
+    return value
 
 
 class Runner:

@@ -115,3 +115,18 @@ def test_an_evaluation_only_candidate_is_scored_on_the_baselines_models_and_resu
     assert d["mean_AP"] == pytest.approx((d["per_seed"]["0"]["AP"] + d["per_seed"]["1"]["AP"]) / 2)
     seed0 = keep / "models" / runs["baseline", 0]["model"] / "model.pth"
     assert d["seed0_model_sha256"] == hashlib.sha256(seed0.read_bytes()).hexdigest()
+
+
+def test_the_training_key_ignores_evaluation_and_settings_left_off():
+    from benchmarks.compare import compose, parse_images, training_key
+
+    images = parse_images("0-127")
+    base = compose([], images)
+    key = training_key(base)
+    assert training_key(compose(["evaluate.merge=nms", "confirm.seeds=3"], images)) == key
+    assert training_key({**base, "seed": 7}) == key  # the seed names the folder, not the key
+    # a lever added later, off (false or null), keeps the kept models' key; on, it changes it
+    later = {**base, "model": {**base["model"], "a_later_lever": False, "another": None}}
+    assert training_key(later) == key
+    assert training_key({**base, "model": {**base["model"], "a_later_lever": True}}) != key
+    assert training_key(compose(["train.base_lr=0.0015"], images)) != key
