@@ -16,18 +16,16 @@ import yaml
 
 from pipelines.compose import compose_params
 from pipelines.config.load import params_from_dict, read_policy_file
-from pipelines.errors import STOP_SIGNALS, ConfigError
+from pipelines.errors import ConfigError
 from pipelines.policy import PUBLISHED_POLICY
-from pipelines.search import full_run
 from pipelines.search.confirm import Arm, arms, policy_file, table, verdict
 from pipelines.search.genome import key
 from pipelines.search.space import space
-from pipelines.tracking.lineage import PARENT_RUN_ENV
 from pipelines.tracking.run import write_run_file
 from pipelines.tracking.tracker import Tracker
 from stages import confirm as stage
-from stages import train as train_stage
 
+from .confirm_probe import train_in_this_process
 from .conftest import REPO, set_dotted
 from .test_pipeline import TINY_ONE_PROCESS
 
@@ -74,23 +72,7 @@ def test_the_confirm_stage_trains_each_arm_with_the_train_stage_and_writes_the_b
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # the store's artifacts go there too
     commands = []
 
-    def launched(command, env):
-        """The launcher's command, run in this process as the launcher runs one process (each process
-        started imports torch and MLflow: seconds of CPU): ``python -m pipelines.launch --params P --run-file R
-        stages.train ARGS`` is ``stages.train --params P --run-file R ARGS`` in the train stage's environment."""
-        commands.append(command)
-        assert command[:3] == [sys.executable, "-m", "pipelines.launch"]
-        module = command.index("stages.train")
-        monkeypatch.setenv(PARENT_RUN_ENV, env[PARENT_RUN_ENV])
-        handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}  # the stage installs its own
-        try:
-            train_stage.main([*command[3:module], *command[module + 1:]])
-        finally:
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
-        return 0
-
-    monkeypatch.setattr(full_run, "launch_process", launched)
+    train_in_this_process(monkeypatch, commands)
     raw = _with(tiny, confirm__top_k=1, confirm__seeds=1, confirm__arms=["no_such_preset"],
                 model__precision="fp32", train__max_iter=2)
     params = tmp_path / "params.yaml"

@@ -11,28 +11,23 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines import checkpoint
-from pipelines.build import model as build_model
 from pipelines.config.load import load_params
-from pipelines.data.annotation_cache import AnnotationCache, build_cache
 from pipelines.data.autoaug.geometric import geometric_op
-from pipelines.data.synthetic import generate_split
-from pipelines.hardware import resolve
 from pipelines.policy import PUBLISHED_POLICY
 from pipelines.search.evolution import Search
 from pipelines.search.genome import key, probability_genes
-from pipelines.search.proxy import (WARMUP_FACTOR, Proxy, candidate_seed, fine_tune, fine_tune_params,
+from pipelines.search.proxy import (WARMUP_FACTOR, candidate_seed, fine_tune, fine_tune_params,
                                     fine_tune_seed, search_params)
 from pipelines.search.record import SearchRecord
 from pipelines.search.score import pareto_scale_balance, score_terms
 from pipelines.tracking.tracker import Tracker
 
+from . import proxy_fixture
 from .conftest import REPO
 from .search_probe import RESCORED, kill_when_scored, noisy_score, rescorer, scorer
 
 
-def _with(p, section: str, **values):
-    return dataclasses.replace(p, **{section: dataclasses.replace(getattr(p, section), **values)})
+_with = proxy_fixture.with_values
 
 
 @pytest.fixture(scope="module")
@@ -161,25 +156,8 @@ def test_relative_translate_scales_the_originals_pixels_by_the_shorter_side(side
 
 @pytest.fixture(scope="module")
 def tiny_proxy(params, tmp_path_factory):
-    """A baseline model (untrained), the caches of 6 train and 3 held-out synthetic images at 128-192 pixels,
-    and the params of a 2-iteration fine-tune."""
-    root = tmp_path_factory.mktemp("proxy")
-    for split, size in (("train", 6), ("val", 3)):
-        coco = generate_split(root / "images" / split, split=split, size=size, seed=4, num_classes=3, min_side=128,
-                              max_side=192, min_objects=2, max_objects=5)
-        (root / f"{split}.json").write_text(json.dumps(coco))
-        build_cache(root / f"{split}.json", root / "cache" / split, image_root=str(root / "images" / split),
-                    drop_empty=split == "train")
-    p = _with(params, "model", min_size_train=[128], max_size_train=192, min_size_test=128, max_size_test=192)
-    p = _with(_with(p, "train", ims_per_batch=2), "search", fine_tune_iters=2)
-    p = search_params(_with(_with(p, "evaluate", ims_per_batch=3), "loader", num_workers=0))
-    categories = AnnotationCache(root / "cache" / "train").categories
-    torch.manual_seed(0)
-    model = build_model.detector(p, num_classes=len(categories), compute=resolve("fp32", False, torch.device("cpu")),
-                                 pretrained=False)
-    checkpoint.save(root / "model_final.pth", model=model.state_dict(), categories=categories, iteration=8,
-                    precision="fp32", channels_last=False)
-    return Proxy(p, root / "model_final.pth", root / "cache", root / "val.json")
+    """A 2-iteration fine-tune on 6 train and 3 held-out images at 128-192 pixels."""
+    return proxy_fixture.tiny_proxy(tmp_path_factory.mktemp("proxy"), params, max_side=192, max_objects=5)
 
 
 def test_with_common_random_numbers_a_policy_that_never_fires_is_the_null_candidate(tiny_proxy, one_thread):

@@ -7,28 +7,23 @@ import json
 
 import numpy as np
 import pytest
-import torch
 import yaml
 
-from pipelines import checkpoint
-from pipelines.build import model as build_model
 from pipelines.compose import compose_params
 from pipelines.config.load import load_params, params_from_dict, read_policy_file
-from pipelines.data.annotation_cache import AnnotationCache, build_cache
-from pipelines.data.synthetic import generate_split
 from pipelines.errors import ConfigError
-from pipelines.hardware import resolve
 from pipelines.policy import PUBLISHED_POLICY, decode_policy
 from pipelines.search.confirm import arms, policy_file
 from pipelines.search.evolution import Search, Settings, round_genomes
 from pipelines.search.full_run import FullRun
 from pipelines.search.genome import canonical, crossover, mutate, random_genome
 from pipelines.search.pool import Scoring
-from pipelines.search.proxy import Proxy, fine_tune, search_params
+from pipelines.search.proxy import fine_tune
 from pipelines.search.record import SearchRecord, search_policy
 from pipelines.search.space import space
 from pipelines.tracking.tracker import Tracker
 
+from . import proxy_fixture
 from .conftest import REPO
 
 SCALE = space("scale", 5)
@@ -38,8 +33,7 @@ SETTINGS = Settings(rounds=2, population=3, kept=2, mutations=1, crossovers=1, r
                     n_subpolicies=5, include=(SCALE.published(),), space="scale")
 
 
-def _with(p, section: str, **values):
-    return dataclasses.replace(p, **{section: dataclasses.replace(getattr(p, section), **values)})
+_with = proxy_fixture.with_values
 
 
 def test_the_published_policy_is_the_scale_genome_of_strength_one_and_keys_differ_from_the_full_space():
@@ -101,26 +95,9 @@ def test_the_full_space_draws_the_genomes_it_drew_before_the_option():
 
 @pytest.fixture(scope="module")
 def tiny_proxy(tmp_path_factory):
-    """An untrained baseline, caches of 6 train and 3 held-out synthetic images, a 2-iteration fine-tune, in the
-    scale space."""
-    root = tmp_path_factory.mktemp("proxy")
-    for split, size in (("train", 6), ("val", 3)):
-        coco = generate_split(root / "images" / split, split=split, size=size, seed=4, num_classes=3, min_side=128,
-                              max_side=160, min_objects=2, max_objects=4)
-        (root / f"{split}.json").write_text(json.dumps(coco))
-        build_cache(root / f"{split}.json", root / "cache" / split, image_root=str(root / "images" / split),
-                    drop_empty=split == "train")
-    p = load_params(REPO / "params.yaml")
-    p = _with(p, "model", min_size_train=[128], max_size_train=160, min_size_test=128, max_size_test=160)
-    p = _with(_with(p, "train", ims_per_batch=2), "search", fine_tune_iters=2, space="scale", rescore_top_k=0)
-    p = search_params(_with(_with(p, "evaluate", ims_per_batch=3), "loader", num_workers=0))
-    categories = AnnotationCache(root / "cache" / "train").categories
-    torch.manual_seed(0)
-    model = build_model.detector(p, num_classes=len(categories), compute=resolve("fp32", False, torch.device("cpu")),
-                                 pretrained=False)
-    checkpoint.save(root / "model_final.pth", model=model.state_dict(), categories=categories, iteration=8,
-                    precision="fp32", channels_last=False)
-    return Proxy(p, root / "model_final.pth", root / "cache", root / "val.json")
+    """A 2-iteration fine-tune on 6 train and 3 held-out images at 128-160 pixels, in the scale space."""
+    return proxy_fixture.tiny_proxy(tmp_path_factory.mktemp("proxy"), load_params(REPO / "params.yaml"), max_side=160,
+                                    max_objects=4, space="scale", rescore_top_k=0)
 
 
 def test_the_search_state_is_reserved_for_its_space(tiny_proxy, tmp_path):

@@ -8,7 +8,6 @@ import functools
 import hashlib
 import json
 import re
-import signal
 import sys
 
 import numpy as np
@@ -24,12 +23,11 @@ from pipelines.data.autoaug import augment as autoaug
 from pipelines.data.autoaug.augment import ScaleAwareAutoAugment
 from pipelines.data.autoaug.zoom import ZOOM_IN_RATIOS, ZOOM_OUT_RATIOS
 from pipelines.data.transforms import RandomHorizontalFlip, SampleContext
-from pipelines.errors import STOP_SIGNALS, ConfigError
+from pipelines.errors import ConfigError
 from pipelines.policy import PUBLISHED_POLICY, ZoomOp, trivial_policy, trivial_zoom_policy
-from pipelines.search import full_run
 from stages import confirm as confirm_stage
-from stages import train as train_stage
 
+from .confirm_probe import train_in_this_process
 from .conftest import REPO
 from .test_search_confirm import _with, search_data, tiny  # noqa: F401 (fixtures)
 
@@ -145,18 +143,7 @@ def test_the_confirm_stage_trains_the_trivial_zoom_arm_with_its_preset(search_da
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     commands = []
 
-    def launched(command, env):
-        commands.append(command)
-        module = command.index("stages.train")
-        handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-        try:
-            train_stage.main([*command[3:module], *command[module + 1:]])
-        finally:
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
-        return 0
-
-    monkeypatch.setattr(full_run, "launch_process", launched)
+    train_in_this_process(monkeypatch, commands)
     assert "trivial_zoom" in yaml.safe_load((REPO / "params.yaml").read_text())["confirm"]["arms"]
     raw = _with(tiny, confirm__top_k=0, confirm__seeds=1, confirm__arms=["trivial_zoom"], model__precision="fp32",
                 train__max_iter=1, train__warmup_iters=0)
