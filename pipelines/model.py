@@ -50,6 +50,9 @@ MERGES = ("nms", "vote")
 # model.assigner: which locations train on which box (names in config.ASSIGNERS): fcos, torchvision's FCOS
 # assignment; atss, ATSS's adaptive training sample selection (pipelines.assign).
 ASSIGNERS = ("fcos", "atss")
+# The pyramid levels build_backbone gives (P3-P5 from the FPN, P6-P7 from LastLevelP6P7) and FCOS's default
+# anchor sizes (8..128) match: one learnable scale each with model.learn_scales.
+LEVELS = 5
 # The ResNet's stages from the top, as torchvision's ``trainable_backbone_layers`` counts them.
 STAGES = ("layer4", "layer3", "layer2", "layer1", "conv1")
 
@@ -174,6 +177,9 @@ class Detector(FCOS):
     ``labels`` (contiguous). ``cls_loss`` (``model.cls_loss``): ``focal``, FCOS's loss and scores; ``qfl``, the
     quality focal loss (:mod:`pipelines.scale_loss`) and scores ``sigmoid(cls)``, without centerness;
     ``centerness_weighted_giou`` and ``sync_num_pos``: the official FCOS's loss details (:mod:`pipelines.scale_loss`).
+    ``learn_scales`` (``model.learn_scales``), a learnable scale per pyramid level, and ``dfl_bins``
+    (``model.dfl_bins``), GFL's distribution over ``dfl_bins + 1`` distances per side with its distribution focal
+    loss (``bbox_dfl``): the box branch's levers (:mod:`pipelines.box_head`); off, torchvision's head as it is.
     ``assigner`` (``model.assigner``): ``fcos``, torchvision's assignment of locations to boxes; ``atss``, ATSS's
     (:mod:`pipelines.assign`), the rest of the loss unchanged.
     ``merge`` (``nms``, NMS's boxes as they are, or ``vote``: the kept boxes moved by :func:`vote` over the
@@ -183,12 +189,16 @@ class Detector(FCOS):
 
     def __init__(self, backbone: nn.Module, num_classes: int, *, head_convs: int, precision: str = "fp32",
                  channels_last: bool = False, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
-                 sync_num_pos: bool = False, assigner: str = "fcos", **fcos_kwargs):
+                 sync_num_pos: bool = False, assigner: str = "fcos", learn_scales: bool = False,
+                 dfl_bins: int | None = None, **fcos_kwargs):
         if assigner not in ASSIGNERS:
             raise ValueError(f"assigner: expected one of {', '.join(ASSIGNERS)}, got {assigner!r}")
         head = ScaleLossHead(backbone.out_channels, 1, num_classes, num_convs=head_convs, cls_loss=cls_loss,
-                             centerness_weighted_giou=centerness_weighted_giou, sync_num_pos=sync_num_pos)
+                             centerness_weighted_giou=centerness_weighted_giou, sync_num_pos=sync_num_pos,
+                             levels=LEVELS, learn_scales=learn_scales, dfl_bins=dfl_bins)
         super().__init__(backbone, num_classes, head=head, **fcos_kwargs)
+        if len(self.anchor_generator.sizes) != LEVELS:
+            raise ValueError(f"expected {LEVELS} pyramid levels, got anchor sizes {self.anchor_generator.sizes}")
         self.assigner = assigner
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.channels_last = channels_last
@@ -304,7 +314,8 @@ def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = 
                    head_convs: int = 2, precision: str = "fp32", channels_last: bool = False,
                    score_thresh: float = 0.05, nms_thresh: float = 0.6, detections_per_img: int = 100,
                    topk_candidates: int = 1000, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
-                   sync_num_pos: bool = False, assigner: str = "fcos") -> Detector:
+                   sync_num_pos: bool = False, assigner: str = "fcos", learn_scales: bool = False,
+                   dfl_bins: int | None = None) -> Detector:
     """Build a :class:`Detector`: random weights, the ResNet's from ``backbone_weights`` if given
     (see :func:`build_backbone`; without them nothing is downloaded)."""
     return Detector(
@@ -318,6 +329,8 @@ def build_detector(*, num_classes: int, backbone: str = "resnet18", norm: str = 
         centerness_weighted_giou=centerness_weighted_giou,
         sync_num_pos=sync_num_pos,
         assigner=assigner,
+        learn_scales=learn_scales,
+        dfl_bins=dfl_bins,
         score_thresh=score_thresh,
         nms_thresh=nms_thresh,
         detections_per_img=detections_per_img,

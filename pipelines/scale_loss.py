@@ -31,6 +31,11 @@ weighs each positive location's GIoU loss by its centerness target and divides t
 targets (instead of by the number of positives); ``sync_num_pos`` divides by the number of positive locations
 (and the centerness targets' sum) averaged over the training processes, all-reduced, instead of this process's.
 The bins above keep the unweighted GIoU loss.
+
+With ``dfl_bins`` (``model.dfl_bins``) the box branch is :class:`~pipelines.box_head.BoxRegressionHead`'s
+distribution and the loss adds ``bbox_dfl``: the distribution focal loss of each positive location (the mean over
+its four sides, targets in anchor sizes), weighted and normalised as its GIoU loss, times ``DFL_WEIGHT``; the GIoU
+loss is on the box decoded from the expectation. With ``learn_scales`` alone the loss is torchvision's.
 """
 
 from __future__ import annotations
@@ -42,9 +47,12 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 from torch.nn import functional as F
-from torchvision.models.detection.fcos import FCOSHead
+from torch import nn
+from torchvision.models.detection._utils import BoxLinearCoder
+from torchvision.models.detection.fcos import FCOSClassificationHead, FCOSHead
 from torchvision.ops import generalized_box_iou_loss, sigmoid_focal_loss
 
+from .box_head import DFL_WEIGHT, BoxRegressionHead, distribution_focal_loss
 from .config.schema import registry
 
 SEARCH_BOUNDS = (2048.0, 10240.0, 51200.0)  # the original search's bins, in pixels of the resized image
@@ -75,11 +83,20 @@ class ScaleLossHead(FCOSHead):
     """``FCOSHead`` whose loss, while :attr:`bounds` is set, also sums into :attr:`scale_losses`
     (one value per bin, accumulated over calls until :meth:`take_scale_losses`)."""
 
-    def __init__(self, *args, cls_loss: str = "focal", centerness_weighted_giou: bool = False,
-                 sync_num_pos: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, in_channels: int, num_anchors: int, num_classes: int, num_convs: int = 4, *,
+                 cls_loss: str = "focal", centerness_weighted_giou: bool = False, sync_num_pos: bool = False,
+                 levels: int = 5, learn_scales: bool = False, dfl_bins: int | None = None):
+        if not learn_scales and dfl_bins is None:
+            super().__init__(in_channels, num_anchors, num_classes, num_convs)  # torchvision's head, as it is
+        else:  # FCOSHead.__init__ with its box branch replaced, drawing the same random numbers in the same order
+            nn.Module.__init__(self)
+            self.box_coder = BoxLinearCoder(normalize_by_size=True)
+            self.classification_head = FCOSClassificationHead(in_channels, num_anchors, num_classes, num_convs)
+            self.regression_head = BoxRegressionHead(in_channels, num_anchors, num_convs, levels=levels,
+                                                     learn_scales=learn_scales, dfl_bins=dfl_bins)
         if cls_loss not in CLS_LOSSES:
             raise ValueError(f"cls_loss: expected one of {', '.join(CLS_LOSSES)}, got {cls_loss!r}")
+        self.dfl_bins = dfl_bins
         self.cls_loss = cls_loss
         self.centerness_weighted_giou = bool(centerness_weighted_giou)
         self.sync_num_pos = bool(sync_num_pos)
@@ -101,9 +118,21 @@ class ScaleLossHead(FCOSHead):
         self.scale_losses = None
         return taken
 
+    def forward(self, x: list[Tensor]) -> dict[str, Tensor]:
+        """``FCOSHead.forward``; with :class:`~pipelines.box_head.BoxRegressionHead`'s distribution, also its
+        logits as ``bbox_distribution`` ``[N, HWA, 4, dfl_bins + 1]``."""
+        if not isinstance(self.regression_head, BoxRegressionHead):
+            return super().forward(x)
+        regression, ctrness, distribution = self.regression_head(x)
+        outputs = {"cls_logits": self.classification_head(x), "bbox_regression": regression, "bbox_ctrness": ctrness}
+        if distribution is not None:
+            outputs["bbox_distribution"] = distribution
+        return outputs
+
     def compute_loss(self, targets: list[dict[str, Tensor]], head_outputs: dict[str, Tensor], anchors: list[Tensor],
                      matched_idxs: list[Tensor]) -> dict[str, Tensor]:
-        if self.cls_loss == "focal" and not self.centerness_weighted_giou and not self.sync_num_pos:
+        if (self.cls_loss == "focal" and not self.centerness_weighted_giou and not self.sync_num_pos
+                and self.dfl_bins is None):
             losses = super().compute_loss(targets, head_outputs, anchors, matched_idxs)  # torchvision's, as it is
         else:
             losses = self._loss(targets, head_outputs, anchors, matched_idxs)
@@ -140,18 +169,26 @@ class ScaleLossHead(FCOSHead):
             quality = paired_iou(predicted.detach(), matched_boxes).to(cls_targets.dtype)
             cls_targets[foreground, classes[foreground]] = quality
             classification = CLS_LOSSES["qfl"](cls_logits, cls_targets).sum()
-        centerness = centerness_targets(self.box_coder.encode(anchors[foreground], matched_boxes))
+        distances = self.box_coder.encode(anchors[foreground], matched_boxes)  # in anchor sizes
+        centerness = centerness_targets(distances)
         giou = generalized_box_iou_loss(predicted, matched_boxes, reduction="none")
         if self.centerness_weighted_giou:
-            regression = (giou * centerness).sum() / max(1e-6, self._over_processes(centerness.sum().item()))
+            box_weights, box_normaliser = centerness, max(1e-6, self._over_processes(centerness.sum().item()))
+            regression = (giou * centerness).sum() / box_normaliser
         else:
+            box_weights, box_normaliser = None, normaliser
             regression = giou.sum() / normaliser
         if self.cls_loss == "focal":
             ctrness = F.binary_cross_entropy_with_logits(head_outputs["bbox_ctrness"].squeeze(dim=2)[foreground],
                                                          centerness, reduction="sum") / normaliser
         else:
             ctrness = head_outputs["bbox_ctrness"].sum() * 0.0  # not trained; a term for DDP's gradients
-        return {"classification": classification / normaliser, "bbox_regression": regression, "bbox_ctrness": ctrness}
+        losses = {"classification": classification / normaliser, "bbox_regression": regression, "bbox_ctrness": ctrness}
+        if self.dfl_bins is not None:  # per location the mean over its four sides, weighted as its GIoU loss
+            dfl = distribution_focal_loss(head_outputs["bbox_distribution"][foreground], distances).mean(dim=-1)
+            dfl = dfl if box_weights is None else dfl * box_weights
+            losses["bbox_dfl"] = DFL_WEIGHT * dfl.sum() / box_normaliser
+        return losses
 
     def _over_processes(self, value: float) -> float:
         """With ``sync_num_pos``, ``value``'s mean over the training processes (the official FCOS's

@@ -12,7 +12,8 @@ from .config.schema import registry
 
 def build_optimizer(model: nn.Module, *, name: str, base_lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,
                     norm_weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """SGD with momentum or AdamW; normalisation weights and all biases get ``norm_weight_decay``.
+    """SGD with momentum or AdamW; normalisation weights, all biases and the box branch's per-level ``scales``
+    get ``norm_weight_decay``.
 
     Both use torch's fused kernels (one kernel over all parameters: 4x faster than the per-tensor
     ``foreach`` ones for AdamW on the CPU, see ``docs/hardware.md``)."""
@@ -22,7 +23,8 @@ def build_optimizer(model: nn.Module, *, name: str, base_lr: float, momentum: fl
         for param_name, param in module.named_parameters(recurse=False):
             if not param.requires_grad:
                 continue
-            (no_decay if is_norm or param_name == "bias" else decay).append(param)
+            # the box branch's per-level scales (model.learn_scales) are gains, like a norm layer's weight
+            (no_decay if is_norm or param_name in ("bias", "scales") else decay).append(param)
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": norm_weight_decay},

@@ -39,7 +39,8 @@ def detector(p: Params, *, num_classes: int, compute: Compute, pretrained: bool 
                               score_thresh=model.score_thresh, nms_thresh=model.nms_thresh,
                               detections_per_img=model.detections_per_img, topk_candidates=model.topk_candidates,
                               cls_loss=model.cls_loss, centerness_weighted_giou=model.centerness_weighted_giou,
-                              sync_num_pos=model.sync_num_pos, assigner=model.assigner)
+                              sync_num_pos=model.sync_num_pos, assigner=model.assigner,
+                              learn_scales=model.learn_scales, dfl_bins=model.dfl_bins)
     except ConfigError as err:
         raise ConfigError(f"model.backbone_weights: {err}") from None
 

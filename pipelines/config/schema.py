@@ -98,6 +98,11 @@ class Model:
     # which locations train on which box: fcos, torchvision's FCOS (centre sampling, scale range per level);
     # atss, ATSS's adaptive training sample selection (pipelines/assign.py)
     assigner: str = MISSING
+    # the box branch (pipelines/box_head.py): a learnable scale per pyramid level on the regression output (the
+    # official FCOS's Scale, initialised to 1); null or n (2..64): GFL's distribution, logits over the n + 1
+    # distances 0..n strides per side, the expectation decoded, plus the distribution focal loss (weight 0.25)
+    learn_scales: bool = MISSING
+    dfl_bins: Optional[int] = MISSING
 
 
 @dataclass

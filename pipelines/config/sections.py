@@ -20,6 +20,7 @@ from .schema import (Augment, Confirm, DatasetFiles, Evaluate, Launch, Loader, M
 # unless ok.
 Require = Callable[[bool, str, str, Any], None]
 
+MIN_DFL_BINS, MAX_DFL_BINS = 2, 64  # model.dfl_bins: GFL uses 16; a box side of this model is up to ~8 strides
 MAX_RESAMPLES = 100_000  # evaluate.bootstrap: enough for any interval; more only makes the stage slow
 
 
@@ -80,6 +81,9 @@ def check_model(model: Model, require: Require) -> None:
                     f"(model.backbone_weights = {weights!r} holds BatchNorm layers)", model.norm)
     require(not model.sync_batchnorm or model.norm == "batchnorm", "model.sync_batchnorm",
             f"false with model.norm {model.norm!r} (only trainable BatchNorm synchronises)", model.sync_batchnorm)
+    require(model.dfl_bins is None or MIN_DFL_BINS <= model.dfl_bins <= MAX_DFL_BINS, "model.dfl_bins",
+            f"null or a number of bins from {MIN_DFL_BINS} to {MAX_DFL_BINS} (distances 0..n strides per side)",
+            model.dfl_bins)
 
 
 def check_augment(augment: Augment, require: Require, source: str) -> None:

@@ -6,7 +6,10 @@ the default memory layout, in ``eval()`` mode. It takes a ``uint8 [N, 3, H, W]``
 dynamic, H and W multiples of the size divisibility), normalises it inside (the detector's mean and
 std) and returns per pyramid level the head's ``cls_logits`` ``[N, h, w, classes]``,
 ``bbox_regression`` ``[N, h, w, 4]`` and ``bbox_ctrness`` ``[N, h, w, 1]``: row-major locations, the
-order FCOS's head flattens them in. Post-processing is left to :mod:`.postprocess` (numpy, torchvision's
+order FCOS's head flattens them in. With ``model.learn_scales`` each level's regression is multiplied by its
+learned scale inside the graph; with ``model.dfl_bins`` ``bbox_regression`` is the distribution's expected
+distance, computed inside the graph (:mod:`pipelines.box_head`), so the outputs and their post-processing are
+the same for every model. Post-processing is left to :mod:`.postprocess` (numpy, torchvision's
 semantics): torchvision's detection post-processing does not export with the dynamo exporter
 (pytorch/vision#9306) and TorchScript, the other route, is deprecated.
 
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..box_head import BoxRegressionHead
 from ..errors import CheckpointError, first_line
 from ..fileio import atomic_file
 from ..model import Detector
@@ -52,10 +56,13 @@ class ExportedNetwork(nn.Module):
     def forward(self, images: Tensor) -> tuple[Tensor, ...]:
         x = (images.float() - self.pixel_mean) / self.pixel_std
         outputs = []
-        for feature in self.backbone(x).values():
+        for level, feature in enumerate(self.backbone(x).values()):
             n, _, h, w = feature.shape
             logits = self.classification_head([feature])  # [N, h * w, classes], locations row-major
-            regression, ctrness = self.regression_head([feature])
+            if isinstance(self.regression_head, BoxRegressionHead):  # its level's scale; the distances
+                regression, ctrness, _ = self.regression_head([feature], first_level=level)
+            else:
+                regression, ctrness = self.regression_head([feature])
             outputs += [logits.reshape(n, h, w, -1), regression.reshape(n, h, w, 4), ctrness.reshape(n, h, w, 1)]
         return tuple(outputs)
 
