@@ -60,6 +60,9 @@ ADOPT_MARGIN, SAVING_MARGIN, WORST_SEED = 0.0, -0.005, -0.03
 # what training does not read: two configurations equal outside these train the same model
 NOT_TRAINING = ("evaluate", "tracking", "launch", "search", "confirm")
 SCORING = ("backend", "bootstrap")  # evaluate settings that score detections without changing them
+# evaluate settings added after evaluations were first kept: left out of an evaluation's key while off (null or
+# false), so that the evaluations kept before they existed are found again
+EVALUATE_ADDED = ("bn_reestimate",)
 
 
 class RunFailed(PipelineError):
@@ -124,6 +127,15 @@ def training_key(raw: dict) -> str:
     reads = {k: v for k, v in raw.items() if k not in NOT_TRAINING and k != "seed"}
     reads["dataset"] = {k: v for k, v in raw["dataset"].items() if k != "val_size"}
     return digest(_without_off(reads))
+
+
+def evaluation_key(raw: dict, model: str) -> str:
+    """What an evaluation of the kept ``model`` (its folder's name) detects with: ``raw``'s evaluate settings
+    but those that only score (:data:`SCORING`) and those added later while off (:data:`EVALUATE_ADDED`),
+    and the val split's size."""
+    detecting = {k: v for k, v in raw["evaluate"].items()
+                 if k not in SCORING and not (k in EVALUATE_ADDED and (v is None or v is False))}
+    return digest([model, detecting, raw["dataset"]["val_size"]])
 
 
 def _without_off(value):
@@ -210,8 +222,7 @@ class Runner:
     def detections(self, raw: dict, data: Path, model: Path) -> tuple[list[dict], dict]:
         """The detections of ``model`` on the whole val split with ``raw``'s evaluate settings (kept), and the
         evaluation's wall time."""
-        detecting = {k: v for k, v in raw["evaluate"].items() if k not in SCORING}
-        key = digest([model.name, detecting, raw["dataset"]["val_size"]])
+        key = evaluation_key(raw, model.name)
         folder = self.keep / "evaluations" / f"{key}-s{raw['seed']}"
         if not (folder / "detections.json").is_file():
             print(f"seed {raw['seed']}: evaluating ({folder.name})", file=sys.stderr, flush=True)

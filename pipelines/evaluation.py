@@ -53,7 +53,8 @@ def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, siz
 
     With ``tta``, extra views are made from the batch's (already resized) images and merged per image
     by class-wise NMS at the model's threshold, keeping its ``detections_per_img`` best; with the model's
-    ``merge`` ``vote``, the kept boxes are then voted on by all the views' detections
+    ``merge`` ``vote``, the kept boxes are then voted on by all the views' detections; with ``wbf``, the
+    views' detections are fused instead of NMS'd, scored for the number of views
     (:func:`pipelines.model.merge`). With ``tta.source`` ``decoded`` the extra scales are resized from
     ``originals`` instead, the decoded ``uint8 [3, H, W]`` images the batch's were resized from.
     """
@@ -85,7 +86,8 @@ def detect(model, batch, *, device, tta: TestTimeAugmentation | None = None, siz
             merged.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
         else:
             merged.append(merge(boxes, scores, labels, nms_thresh=model.nms_thresh, merge=model.merge,
-                                vote_thresh=model.vote_thresh, detections_per_img=model.detections_per_img))
+                                vote_thresh=model.vote_thresh, detections_per_img=model.detections_per_img,
+                                views=len(all_views)))
     return merged
 
 

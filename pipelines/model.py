@@ -25,6 +25,7 @@ from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 from .config.backbones import weights_name
 from .assign import atss_matched_idxs
+from .box_fusion import fuse
 from .config.schema import registry
 from .data.transforms import IMAGE_MEAN, IMAGE_STD
 from .errors import ConfigError
@@ -44,9 +45,9 @@ BACKBONES = registry("model.backbone", {  # a random ResNet body, given its norm
     "resnet50": partial(torchvision.models.resnet50, weights=None),
     "resnet101": partial(torchvision.models.resnet101, weights=None),
 })
-# evaluate.merge: how the boxes NMS keeps come out (names in config.MERGES; the numpy twin is
-# pipelines.inference.postprocess.merge).
-MERGES = ("nms", "vote")
+# evaluate.merge: how the boxes NMS keeps come out, or (wbf) weighted box fusion instead of NMS (names in
+# config.MERGES; the numpy twin is pipelines.inference.postprocess.merge).
+MERGES = ("nms", "vote", "wbf")
 # model.assigner: which locations train on which box (names in config.ASSIGNERS): fcos, torchvision's FCOS
 # assignment; atss, ATSS's adaptive training sample selection (pipelines.assign).
 ASSIGNERS = ("fcos", "atss")
@@ -182,8 +183,9 @@ class Detector(FCOS):
     loss (``bbox_dfl``): the box branch's levers (:mod:`pipelines.box_head`); off, torchvision's head as it is.
     ``assigner`` (``model.assigner``): ``fcos``, torchvision's assignment of locations to boxes; ``atss``, ATSS's
     (:mod:`pipelines.assign`), the rest of the loss unchanged.
-    ``merge`` (``nms``, NMS's boxes as they are, or ``vote``: the kept boxes moved by :func:`vote` over the
-    candidates before NMS) and ``vote_thresh`` are set where the model is used
+    ``merge`` (``nms``, NMS's boxes as they are; ``vote``: the kept boxes moved by :func:`vote` over the
+    candidates before NMS; ``wbf``: weighted box fusion instead of NMS, :mod:`pipelines.box_fusion`, its
+    cluster IoU ``nms_thresh``) and ``vote_thresh`` are set where the model is used
     (:func:`pipelines.build.model.use_evaluate`), like ``nms_thresh``.
     """
 
@@ -208,11 +210,24 @@ class Detector(FCOS):
         if channels_last:
             self.to(memory_format=torch.channels_last)
 
-    def forward(self, images: Tensor, image_sizes: list[tuple[int, int]], targets: list[dict[str, Tensor]] | None = None):
+    def _normalised(self, images: Tensor) -> Tensor:
         x = (images.float() - self.pixel_mean) / self.pixel_std
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def _autocast(self, x: Tensor):
+        return torch.autocast(x.device.type, dtype=self.autocast_dtype or torch.float32,
+                              enabled=self.autocast_dtype is not None)
+
+    def features(self, images: Tensor) -> list[Tensor]:
+        """The backbone's (FPN's) feature maps of a ``uint8 [N, 3, H, W]`` batch, computed as :meth:`forward`
+        computes them (what re-estimating the BatchNorm statistics runs, :mod:`pipelines.bn_stats`)."""
+        x = self._normalised(images)
+        with self._autocast(x):
+            return list(self.backbone(x).values())
+
+    def forward(self, images: Tensor, image_sizes: list[tuple[int, int]], targets: list[dict[str, Tensor]] | None = None):
+        x = self._normalised(images)
+        with self._autocast(x):
             features = list(self.backbone(x).values())
             head_outputs = self.head(features)
         head_outputs = {k: v.float() for k, v in head_outputs.items()}
@@ -245,7 +260,8 @@ class Detector(FCOS):
                                image_shapes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:
         """torchvision's post-processing (unchanged) for the focal loss with ``merge`` ``nms``; otherwise its
         steps here: the candidates, scored ``sigmoid(cls)`` with the quality focal loss (the centerness
-        unused), then NMS, the kept boxes voted on with ``merge`` ``vote`` (:func:`merge`)."""
+        unused), then NMS, the kept boxes voted on with ``merge`` ``vote``, or weighted box fusion instead of
+        NMS with ``merge`` ``wbf`` (:func:`merge`)."""
         if self.head.cls_loss == "focal" and self.merge == "nms":
             return super().postprocess_detections(head_outputs, anchors, image_shapes)
         found = []
@@ -298,10 +314,17 @@ def vote(kept: Tensor, kept_labels: Tensor, boxes: Tensor, scores: Tensor, label
 
 
 def merge(boxes: Tensor, scores: Tensor, labels: Tensor, *, nms_thresh: float, merge: str, vote_thresh: float,
-          detections_per_img: int) -> dict[str, Tensor]:
+          detections_per_img: int, views: int | None = None) -> dict[str, Tensor]:
     """One image's detections from its candidates: class-wise NMS at ``nms_thresh``, the best
     ``detections_per_img`` kept, their boxes voted on by all the candidates (:func:`vote`) when ``merge``
-    is ``vote``; scores and labels as NMS keeps them."""
+    is ``vote``; scores and labels as NMS keeps them. With ``merge`` ``wbf``, weighted box fusion instead
+    (:func:`pipelines.box_fusion.fuse`, clusters of IoU above ``nms_thresh``), of one view's candidates
+    (``views`` None) or of the detections of ``views`` test-time views."""
+    if merge == "wbf":
+        fused = fuse(boxes.detach().cpu().numpy(), scores.detach().cpu().numpy(), labels.detach().cpu().numpy(),
+                     iou_thresh=nms_thresh, views=views, detections_per_img=detections_per_img)
+        return {key: torch.from_numpy(value).to(boxes.device)
+                for key, value in zip(("boxes", "scores", "labels"), fused)}
     keep = batched_nms(boxes, scores, labels, nms_thresh)[:detections_per_img]
     kept = boxes[keep]
     if merge == "vote":

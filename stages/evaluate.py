@@ -6,13 +6,16 @@ image coordinates and scores them with ``evaluate.backend``'s ``COCOeval``, AP's
 ``evaluate.bootstrap`` image resamples drawn from ``seed``. Every execution is a new
 MLflow *evaluation run* tagged ``training_run_id``; ``--run-file`` holds its id while it is open (the
 launcher closes it if the processes die) and ``--run-ids`` records both ids for ``dvc exp show``.
+With ``evaluate.bn_reestimate``, the model's BatchNorm statistics are first re-estimated at the test sizes
+on that many images of the train split in ``--cache`` (:mod:`pipelines.bn_stats`; evaluation only).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
-from pipelines import cli, distributed
+from pipelines import bn_stats, cli, distributed
 from pipelines.build import data as build_data
 from pipelines.build import model as build_model
 from pipelines.config.load import load_params, to_flat_dict
@@ -29,7 +32,7 @@ log = logging.getLogger("evaluate")
 def main(argv: list[str] | None = None) -> None:
     args = cli.parse_args(__doc__, argv, output_files=("run_file", "metrics", "per_category", "run_ids", "plots",
                                                           "detections"),
-                          cache="annotation cache folder (val split inside)",
+                          cache="annotation cache folder (val split inside; train too with evaluate.bn_reestimate)",
                           prepared="prepared dataset (val.json is the ground truth)",
                           model="model_final.pth of the train stage", train_run="run.json of the train stage",
                           run_file="this stage's MLflow run while it is open (for the launcher)",
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     build_model.use_evaluate(model, p)
     if main_process:
         compute.announce(log)
+    bn_reestimated(p, model, args.cache, device=device)
     outputs = [(path, "eval") for path in (args.metrics, args.per_category, args.plots)]  # logged as the run ends
     with open_run("evaluate", args.run_file, experiment=p.tracking.experiment, params=to_flat_dict(p),
                   compute=compute.as_params(), training_run_id=training_run_id, params_file=args.params,
@@ -62,6 +66,20 @@ def main(argv: list[str] | None = None) -> None:
             _report(p, args, [d for part in gathered for d in part], tracker, training_run_id, step=iteration,
                     images=len(cache))
     distributed.shutdown()
+
+
+def bn_reestimated(p, model, cache: Path, *, device) -> None:
+    """With ``evaluate.bn_reestimate`` N, ``model``'s BatchNorm statistics re-estimated at the test sizes on N
+    images of the train split in ``cache`` (:func:`pipelines.bn_stats.reestimate`); off (null), nothing is
+    read and the model is left as it is."""
+    if p.evaluate.bn_reestimate is None:
+        return
+    train = DetectionDataset(AnnotationCache(cache / "train", verify=True), transforms=build_data.test_transforms(p),
+                             seed=p.seed, skip_crowd=False)
+    bn_stats.reestimate(model, train, images=p.evaluate.bn_reestimate, seed=p.seed, min_size=p.model.min_size_test,
+                        max_size=p.model.max_size_test, batch_size=p.evaluate.ims_per_batch,
+                        size_divisibility=p.loader.size_divisibility, tta=build_data.test_time_augmentation(p),
+                        device=device)
 
 
 def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: str | None, *, step: int,

@@ -130,3 +130,16 @@ def test_the_training_key_ignores_evaluation_and_settings_left_off():
     assert training_key(later) == key
     assert training_key({**base, "model": {**base["model"], "a_later_lever": True}}) != key
     assert training_key(compose(["train.base_lr=0.0015"], images)) != key
+
+
+def test_the_evaluation_key_keeps_evaluations_kept_before_a_later_evaluation_lever():
+    """``evaluate.bn_reestimate`` off gives the key evaluations had before it existed; on, another key."""
+    from benchmarks.compare import SCORING, compose, digest, evaluation_key, parse_images
+
+    base = compose([], parse_images("0-127"))
+    before = {k: v for k, v in base["evaluate"].items() if k not in SCORING and k != "bn_reestimate"}
+    assert base["evaluate"]["bn_reestimate"] is None
+    assert evaluation_key(base, "m-s0") == digest(["m-s0", before, base["dataset"]["val_size"]])
+    assert evaluation_key(compose(["evaluate.bn_reestimate=256"], parse_images("0-127")), "m-s0") != \
+        evaluation_key(base, "m-s0")
+    assert evaluation_key(compose(["evaluate.merge=wbf"], parse_images("0-127")), "m-s0") != evaluation_key(base, "m-s0")

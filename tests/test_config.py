@@ -65,7 +65,10 @@ def _broken(raw: dict, dotted: str, value) -> dict:
         ("loader.num_workers", -1, "loader.num_workers"),
         ("evaluate.ims_per_batch", 3, "evaluate.ims_per_batch"),
         ("evaluate.nms_thresh", 0, "evaluate.nms_thresh: expected null (model.nms_thresh) or a value in (0, 1], got 0"),
-        ("evaluate.merge", "wbf", "evaluate.merge: expected one of nms, vote, got 'wbf'"),
+        ("evaluate.merge", "soft", "evaluate.merge: expected one of nms, vote, wbf, got 'soft'"),
+        ("evaluate.bn_reestimate", 0, "evaluate.bn_reestimate: expected null (off) or a number of train images >= 1, "
+                                      "got 0"),
+        ("evaluate.bn_reestimate", 2.5, "evaluate.bn_reestimate"),
         ("evaluate.vote_thresh", 1.5, "evaluate.vote_thresh: expected a value in (0, 1], got 1.5"),
         ("augment.scale_splits", [2048, 1024, 51200], "augment.scale_splits: expected three increasing positive areas"),
         ("augment.box_prob", 1.5, "augment.box_prob: expected a probability in [0, 1], got 1.5"),
@@ -249,3 +252,12 @@ def test_sync_batchnorm_needs_trainable_batchnorm(raw_params):
     raw["model"]["norm"] = "groupnorm"
     with pytest.raises(ConfigError, match="model.sync_batchnorm: expected false with model.norm 'groupnorm'"):
         params_from_dict(raw)
+
+
+def test_bn_reestimate_needs_batchnorm_layers(raw_params):
+    """Re-estimating BatchNorm statistics with a norm that keeps none is refused in one line naming the key."""
+    raw = _broken(_broken(raw_params, "model.norm", "groupnorm"), "evaluate.bn_reestimate", 16)
+    with pytest.raises(ConfigError, match=r"^params\.yaml: evaluate\.bn_reestimate: expected null with model\.norm "
+                                          r"groupnorm \(only batchnorm layers keep statistics to re-estimate\), got 16$"):
+        params_from_dict(raw, source="params.yaml")
+    params_from_dict(_broken(raw_params, "evaluate.bn_reestimate", 16), source="params.yaml")  # batchnorm: fine

@@ -131,7 +131,8 @@ def _match_rate(ours: list[postprocess.Detections], theirs: list[dict]) -> tuple
 
 # evaluate.nms_thresh / merge / vote_thresh: off (today's), and each lever on
 LEVERS = [pytest.param({}, id="default"), pytest.param({"nms_thresh": 0.3}, id="nms0.3"),
-          pytest.param({"merge": "vote", "vote_thresh": 0.7}, id="vote0.7")]
+          pytest.param({"merge": "vote", "vote_thresh": 0.7}, id="vote0.7"),
+          pytest.param({"merge": "wbf", "nms_thresh": 0.55}, id="wbf0.55")]
 
 
 @contextlib.contextmanager
@@ -149,7 +150,7 @@ def _post_processing(model, runtime=None, **levers):
 
 
 @pytest.mark.parametrize("levers", [LEVERS[0], pytest.param({"nms_thresh": 0.5, "merge": "vote", "vote_thresh": 0.7},
-                                                             id="nms0.5-vote0.7")])
+                                                             id="nms0.5-vote0.7"), LEVERS[3]])
 def test_numpy_postprocessing_on_onnx_outputs_matches_pytorch(trained, runtime, levers):
     """End to end on one batch: ONNX graph + numpy post-processing against the PyTorch model's own, with
     evaluation's post-processing levers off and on."""
@@ -203,6 +204,10 @@ def test_postprocessing_is_torchvisions_on_the_same_outputs(trained, levers):
         np.testing.assert_array_equal(mine.labels, theirs["labels"].numpy())
         np.testing.assert_allclose(mine.scores, theirs["scores"].numpy(), rtol=0, atol=1e-6)
         np.testing.assert_allclose(mine.boxes, theirs["boxes"].numpy(), rtol=0, atol=1e-4)
+        if levers.get("merge") == "wbf":  # fused boxes: some moved, fewer or as many as NMS kept
+            assert len(theirs["boxes"]) <= len(before["boxes"]) or levers["nms_thresh"] > trained.nms_thresh
+            assert not torch.equal(theirs["boxes"], before["boxes"][:len(theirs["boxes"])])
+            continue
         if "nms_thresh" in levers:  # no two kept boxes of a class overlap above it (at 0.6 some did)
             def overlap(found):
                 same = found["labels"][:, None] == found["labels"][None]
@@ -286,6 +291,30 @@ def test_box_voting_by_hand_in_torch_and_numpy(merge, expected):
         np.testing.assert_array_equal(ours.boxes, VOTE_BOXES[keep])
 
 
+def test_weighted_box_fusion_by_hand_in_torch_and_numpy():
+    """``merge`` ``wbf`` at IoU 0.6 on the voting boxes: A, B and C cluster (B's IoU with A 0.818, C's with the
+    fused A+B above 0.6), their box the score-weighted mean; D (another class) and E stay alone. Within a view
+    a cluster scores its best; over 2 views its mean times min(2, size) / 2. Both paths, the same bits."""
+    fused_box = (0.9 * VOTE_BOXES[0] + 0.6 * VOTE_BOXES[1] + 0.3 * VOTE_BOXES[2]) / 1.8  # [0.667, 0, 10.667, 10]
+    thresholds = postprocess.Thresholds(0.05, 0.6, 1000, 100, merge="wbf")
+    for views, scores in ((None, [0.9, 0.5, 0.4]), (2, [0.6, 0.25, 0.2])):
+        ours = postprocess.merge(VOTE_BOXES, VOTE_SCORES, VOTE_LABELS, thresholds, views=views)
+        theirs = detector_module.merge(torch.from_numpy(VOTE_BOXES), torch.from_numpy(VOTE_SCORES),
+                                       torch.from_numpy(VOTE_LABELS), nms_thresh=0.6, merge="wbf", vote_thresh=0.8,
+                                       detections_per_img=100, views=views)
+        np.testing.assert_allclose(ours.boxes, [fused_box, VOTE_BOXES[3], VOTE_BOXES[4]], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(ours.scores, scores, rtol=0, atol=1e-7)
+        np.testing.assert_array_equal(ours.labels, [0, 1, 0])
+        for key, value in (("boxes", ours.boxes), ("scores", ours.scores), ("labels", ours.labels)):
+            np.testing.assert_array_equal(theirs[key].numpy(), value)
+    # the input order does not matter; detections_per_img cuts the fused detections, best first
+    shuffled = [4, 2, 0, 3, 1]
+    again = postprocess.merge(VOTE_BOXES[shuffled], VOTE_SCORES[shuffled], VOTE_LABELS[shuffled], thresholds)
+    np.testing.assert_array_equal(again.boxes, postprocess.merge(VOTE_BOXES, VOTE_SCORES, VOTE_LABELS, thresholds).boxes)
+    one = postprocess.merge(VOTE_BOXES, VOTE_SCORES, VOTE_LABELS, dataclasses.replace(thresholds, detections_per_img=1))
+    np.testing.assert_allclose(one.boxes, [fused_box], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("count", [300, 1500])  # torchvision's two strategies: coordinate trick, per class
 @pytest.mark.parametrize("ties", [False, True])
 def test_nms_is_torchvisions(count, ties):
@@ -367,8 +396,12 @@ def test_the_card_carries_evaluations_post_processing(trained):
     assert model_card.ModelCard.from_json(card.to_json(), source="m") == card
     older = {k: v for k, v in json.loads(card.to_json()).items() if k not in ("merge", "vote_thresh")}
     assert model_card.ModelCard.from_json(json.dumps(older), source="m").merge == "nms"
-    with pytest.raises(CheckpointError, match=r"^m: model card field merge is 'wbf', expected one of nms, vote$"):
-        model_card.ModelCard.from_json(json.dumps({**older, "merge": "wbf"}), source="m")
+    with _post_processing(trained, merge="wbf"):
+        fused = onnx_export.card_for(trained, categories=CATEGORIES, min_size_test=320, max_size_test=416,
+                                     size_divisibility=32, max_image_pixels=10**7, opset=20)
+    assert model_card.ModelCard.from_json(fused.to_json(), source="m").merge == "wbf"
+    with pytest.raises(CheckpointError, match=r"^m: model card field merge is 'soft', expected one of nms, vote, wbf$"):
+        model_card.ModelCard.from_json(json.dumps({**older, "merge": "soft"}), source="m")
 
 
 def test_card_is_in_the_onnx_file_and_beside_it(exported, trained):

@@ -173,8 +173,13 @@ class Evaluate:
     bootstrap: int = MISSING  # image resamples of the val split for the AP intervals; 0 turns them off
     # post-processing at test time (evaluate, export's card, predict): within a view and across the views
     nms_thresh: Optional[float] = MISSING  # class-wise NMS IoU; null: model.nms_thresh
-    merge: str = MISSING  # nms | vote: kept boxes as they are, or moved by box voting (Detectron's BBOX_VOTE)
+    # nms | vote | wbf: kept boxes as they are, moved by box voting (Detectron's BBOX_VOTE), or weighted box fusion
+    # (clusters of IoU > nms_thresh) instead of NMS
+    merge: str = MISSING
     vote_thresh: float = MISSING  # merge vote: candidates of IoU >= this with a kept box vote on its coordinates
+    # null: off; N: the BatchNorm statistics re-estimated on N train images at the test sizes before detecting
+    # (evaluation only: the exported model keeps the trained statistics)
+    bn_reestimate: Optional[int] = MISSING
 
 
 @dataclass
@@ -273,7 +278,7 @@ LR_SCHEDULES = ("multistep", "cosine")  # pipelines.solver.LR_SCHEDULES
 EVAL_BACKENDS = ("pycocotools", "faster_coco_eval")  # pipelines.evaluation.BACKENDS
 CLS_LOSSES = ("focal", "qfl")  # pipelines.scale_loss.CLS_LOSSES
 TTA_SOURCES = ("resized", "decoded")  # pipelines.data.transforms.TTA_SOURCES and pipelines.inference.tta.SOURCES
-MERGES = ("nms", "vote")  # pipelines.model.MERGES and pipelines.inference.postprocess.MERGES
+MERGES = ("nms", "vote", "wbf")  # pipelines.model.MERGES and pipelines.inference.postprocess.MERGES
 ASSIGNERS = ("fcos", "atss")  # pipelines.model.ASSIGNERS
 PARETO_COMPARATORS = ("null_candidate", "baseline")  # pipelines.search.record.COMPARATORS
 SEARCH_SPACES = ("full", "scale")  # pipelines.search.space.SPACES

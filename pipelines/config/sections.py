@@ -162,6 +162,8 @@ def check_evaluate(evaluate: Evaluate, require: Require) -> None:
     require(evaluate.nms_thresh is None or 0 < evaluate.nms_thresh <= 1, "evaluate.nms_thresh",
             "null (model.nms_thresh) or a value in (0, 1]", evaluate.nms_thresh)
     require(0 < evaluate.vote_thresh <= 1, "evaluate.vote_thresh", "a value in (0, 1]", evaluate.vote_thresh)
+    require(evaluate.bn_reestimate is None or evaluate.bn_reestimate >= 1, "evaluate.bn_reestimate",
+            "null (off) or a number of train images >= 1", evaluate.bn_reestimate)
 
 
 def check_tracking(tracking: Tracking, require: Require) -> None:

@@ -64,6 +64,7 @@ def _check_sections(p: Params, source: str, world_size: int | None, require: Req
     sections.check_augment(p.augment, require, source)
     sections.check_loader(p.loader, require)
     _check_grouping(p, require)
+    _check_bn_reestimate(p, require)
     sections.check_train(p.train, require)
     sections.check_evaluate(p.evaluate, require)
     sections.check_tracking(p.tracking, require)
@@ -153,6 +154,14 @@ def _check_numbers(p: Params, require: Require) -> list[tuple[str, int]]:
 
 
 # --- across sections -------------------------------------------------------------------------------------------
+
+
+def _check_bn_reestimate(p: Params, require: Require) -> None:
+    """Re-estimating BatchNorm statistics needs BatchNorm layers that keep statistics."""
+    if p.evaluate.bn_reestimate is None:
+        return
+    require(p.model.norm == "batchnorm", "evaluate.bn_reestimate", f"null with model.norm {p.model.norm} (only "
+            "batchnorm layers keep statistics to re-estimate)", p.evaluate.bn_reestimate)
 
 
 def _check_grouping(p: Params, require: Require) -> None:

@@ -25,7 +25,7 @@ class Backend(Protocol):
     precision: str  # what it computes in: fp32, bf16 or fp16
     score_thresh: float  # detections scoring at most this are dropped (settable)
     nms_thresh: float
-    merge: str  # nms | vote: how the boxes NMS keeps come out (evaluate.merge)
+    merge: str  # nms | vote | wbf: how the boxes NMS keeps come out, or fused instead (evaluate.merge)
     vote_thresh: float
     detections_per_img: int
 

@@ -15,7 +15,8 @@ beside it (:data:`CARD_FILE`, the same JSON, for people and tools that do not op
   ``detections_per_img``) and how the outputs are scored, ``cls_loss`` (the loss the model was trained with,
   ``model.cls_loss``: ``focal``, ``sqrt(sigmoid(cls) * sigmoid(centerness))``; ``qfl``, ``sigmoid(cls)``; a
   card without it is ``focal``), and how NMS's boxes come out (``merge``: ``nms`` or ``vote``, with
-  ``vote_thresh``; a card without them is ``nms``), as evaluation used them (``evaluate.nms_thresh``,
+  ``vote_thresh``, or ``wbf``, weighted box fusion at ``nms_thresh`` instead of NMS; a card without them is
+  ``nms``), as evaluation used them (``evaluate.nms_thresh``,
   ``merge``, ``vote_thresh``);
 * how it was made (``exporter``, ``opset``, ``torch_version``; ``trained_precision``, the graph being
   fp32 whatever training used) and, where known, its provenance (``mlflow_run_id``, ``git_commit``,
@@ -43,7 +44,7 @@ METADATA_KEY = "detector.card"  # the key of the card in the ONNX file's metadat
 CARD_FILE = "model.json"  # the card's name beside the ONNX file
 INPUT_NAME = "images"
 OUTPUT_KINDS = ("cls_logits", "bbox_regression", "bbox_ctrness")
-MERGES = ("nms", "vote")  # postprocess.MERGES (the card and the post-processing do not import each other)
+MERGES = ("nms", "vote", "wbf")  # postprocess.MERGES (the card and the post-processing do not import each other)
 
 
 def output_names(levels: int) -> list[str]:

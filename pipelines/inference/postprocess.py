@@ -7,7 +7,8 @@ best ``topk_candidates``, boxes decoded from the level's anchors (``BoxLinearCod
 ``normalize_by_size``) and clipped to the image; then over all levels class-wise NMS at
 ``nms_thresh`` (:func:`batched_nms`, as ``torchvision.ops.batched_nms`` computes it, ties included)
 and the best ``detections_per_img``; with ``merge`` ``vote``, their boxes then voted on by all the
-candidates (:func:`vote`, as :func:`pipelines.model.vote` computes it). A model trained with the quality
+candidates (:func:`vote`, as :func:`pipelines.model.vote` computes it); with ``merge`` ``wbf``, weighted box
+fusion at ``nms_thresh`` instead of the NMS (:func:`pipelines.box_fusion.fuse`, the code the PyTorch path runs). A model trained with the quality
 focal loss (``cls_loss`` ``qfl`` in :class:`Thresholds`, from the model card) is scored ``sigmoid(cls)``,
 the centerness unused, as :meth:`pipelines.model.Detector.postprocess_detections` scores it.
 
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..box_fusion import fuse
+
 # torchvision.ops.batched_nms switches from the coordinate trick to per-class NMS above this many
 # box coordinates on the CPU: the two differ in tie order, so the same switch is made here.
 _VANILLA_ABOVE = 4000
@@ -47,14 +50,14 @@ _BLOCK = 128
 # How far below logit(score_thresh ** 2) a class logit is still scored (see _logit_floor).
 _LOGIT_MARGIN = 1e-3
 # evaluate.merge's names (config.MERGES; the torch twin is pipelines.model.merge)
-MERGES = ("nms", "vote")
+MERGES = ("nms", "vote", "wbf")
 
 
 @dataclass(frozen=True)
 class Thresholds:
     """FCOS's post-processing settings (``model.score_thresh`` etc., ``evaluate.nms_thresh``, ``merge`` and
     ``vote_thresh``, or the model card's): ``merge`` ``nms`` keeps NMS's boxes as they are, ``vote`` votes on
-    them (:func:`merge`); ``cls_loss``, how the model scores (``focal``: with its centerness; ``qfl``:
+    them, ``wbf`` fuses the boxes instead (:func:`merge`); ``cls_loss``, how the model scores (``focal``: with its centerness; ``qfl``:
     ``sigmoid(cls)``)."""
 
     score_thresh: float
@@ -252,9 +255,15 @@ def vote(kept: np.ndarray, kept_labels: np.ndarray, boxes: np.ndarray, scores: n
     return np.where(total > 0, voted, kept).astype(np.float32)
 
 
-def merge(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, thresholds: Thresholds) -> Detections:
+def merge(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, thresholds: Thresholds, *,
+          views: int | None = None) -> Detections:
     """One image's detections from its candidates: class-wise NMS at ``nms_thresh``, the best
-    ``detections_per_img``, voted on by all the candidates (:func:`vote`) when ``merge`` is ``vote``."""
+    ``detections_per_img``, voted on by all the candidates (:func:`vote`) when ``merge`` is ``vote``. With
+    ``merge`` ``wbf``, weighted box fusion instead (:func:`pipelines.box_fusion.fuse`, clusters of IoU above
+    ``nms_thresh``) of one view's candidates (``views`` None) or of the detections of ``views`` views."""
+    if thresholds.merge == "wbf":
+        return Detections(*fuse(boxes, scores, labels, iou_thresh=thresholds.nms_thresh, views=views,
+                                detections_per_img=thresholds.detections_per_img))
     keep = batched_nms(boxes, scores, labels, thresholds.nms_thresh, max_keep=thresholds.detections_per_img)
     kept = boxes[keep]
     if thresholds.merge == "vote":

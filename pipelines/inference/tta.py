@@ -6,8 +6,8 @@ and per extra scale, the test-size image resized again (or the decoded image, wi
 ``decoded``; shorter side to the scale, longer at most ``max_size``, sizes computed from the original
 image), mirrored too when ``flip``. Each view's detections
 go back to original pixels; all of an image's are merged by class-wise NMS at the model's threshold,
-keeping its ``detections_per_img`` best, voted on by all the views' detections with ``merge`` ``vote``
-(:func:`.postprocess.merge`).
+keeping its ``detections_per_img`` best, voted on by all the views' detections with ``merge`` ``vote``; with
+``merge`` ``wbf`` fused instead, scored for the number of views (:func:`.postprocess.merge`).
 
 This module imports neither torch nor torchvision (an import-linter contract holds it).
 """
@@ -77,5 +77,5 @@ def detect_views(detect: Detect, pixels: Sequence[np.ndarray], *, min_size: int,
         boxes = np.concatenate([d.boxes for d in per_image]).astype(np.float32, copy=False)
         scores = np.concatenate([d.scores for d in per_image]).astype(np.float32, copy=False)
         labels = np.concatenate([d.labels for d in per_image])
-        merged.append(merge(boxes, scores, labels, thresholds))
+        merged.append(merge(boxes, scores, labels, thresholds, views=len(all_views)))
     return merged
