@@ -33,7 +33,8 @@ def test_a_public_url_is_kept_as_clients_will_write_it(given, kept):
 
 
 @pytest.mark.parametrize("public, bind, admitted, refused", [
-    ("http://tracking.example:5000", "0.0.0.0", ["tracking.example:5000", "127.0.0.1:5000", "localhost:1234", "[::1]:5000"],
+    ("http://tracking.example:5000", "0.0.0.0",
+     ["tracking.example:5000", "127.0.0.1:5000", "localhost:1234", "[::1]:5000"],
      ["other.example:5000", "tracking.example:5001", "10.1.2.3:5000", "192.168.1.2:5000", "0.0.0.0:5000"]),
     ("https://tracking.example", "127.0.0.1", ["tracking.example", "tracking.example:443", "127.0.0.1:5000"],
      ["tracking.example:5000", "evil.example"]),

@@ -73,10 +73,14 @@ def default_public_url(host: str, port: int) -> str:
     return f"http://{_bracketed(socket.gethostname() if host in WILDCARDS else host)}:{port}"
 
 
+def reach(host: str) -> str:
+    """The address this machine connects to for a server bound to ``host``: a loopback one for a wildcard."""
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
 def local_url(host: str, port: int) -> str:
-    """How this machine reaches a server bound to ``host``: its loopback address for a wildcard."""
-    reach = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"http://{_bracketed(reach)}:{port}"
+    """How this machine reaches a server bound to ``host`` (:func:`reach`)."""
+    return f"http://{_bracketed(reach(host))}:{port}"
 
 
 def is_loopback(host: str) -> bool:

@@ -34,6 +34,7 @@ fast``). Errors are one line, ``error: ...``.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import contextlib
 import os
@@ -245,7 +246,8 @@ def write_auth_config(folder: Path, *, database_uri: str, default_permission: st
     return permission
 
 
-def _auth_environment(cluster: Cluster, port: int, *, default_permission: str | None, say) -> tuple[dict[str, str], str]:
+def _auth_environment(cluster: Cluster, port: int, *, default_permission: str | None,
+                      say) -> tuple[dict[str, str], str]:
     """The basic-auth app's settings (its users in the ``mlflow_auth`` database, :func:`write_auth_config`), the
     admin's password from ``FOLDER/admin-password`` (through the environment, never a file it reads); and the
     default permission."""
@@ -274,8 +276,6 @@ def default_workers() -> int:
 
 def worker_count(text: str) -> int:
     """``--workers``: 1 to 64 (argparse type)."""
-    import argparse
-
     value = int(text) if text.strip().isdigit() else 0
     if not 1 <= value <= 64:
         raise argparse.ArgumentTypeError(f"expected a number of server processes from 1 to 64, got {text!r}")

@@ -104,8 +104,7 @@ def listen_host(text: str) -> str:
 
 def refuse_taken_port(host: str, port: int, error: type[PipelineError]) -> None:
     """Raise ``error`` (one line naming ``--port``) if something already listens on ``port`` of ``host``."""
-    reach = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    with contextlib.suppress(OSError), socket.create_connection((reach, port), timeout=2):
+    with contextlib.suppress(OSError), socket.create_connection((address.reach(host), port), timeout=2):
         raise error(f"--port {port}: something already listens on {host}:{port}; choose another port")
 
 
