@@ -93,6 +93,16 @@ def test_a_user_and_password_are_in_no_logged_uri(uri, shown):
     assert Tracker(uri=uri).shown == shown
 
 
+def test_a_password_in_the_tracking_uri_stays_out_of_the_run_file(tmp_path, monkeypatch):
+    """The run file is a DVC output (metrics/run.json is committed): the URI goes in without the password."""
+    from pipelines.tracking.run import write_run_file
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://alice:secret@tracking.example:5000")
+    write_run_file(tmp_path / "run.json", run_id="abc", experiment="detection")
+    text = (tmp_path / "run.json").read_text()
+    assert "secret" not in text and '"http://***@tracking.example:5000"' in text
+
+
 def test_a_store_that_refuses_the_host_stops_the_stage_in_one_line_naming_the_setting(monkeypatch, caplog):
     """Tracker.start against a server that does not admit the name: the one line names --public-url, not
     credentials; the URI is shown without the password in it."""

@@ -70,6 +70,11 @@ class Registry:
         except Exception as err:
             raise TrackingError(f"MLflow store {address(self.uri)} {reason(err)}") from None
 
+    @property
+    def shown(self) -> str:
+        """The store's URI as logged: without a user or password in it."""
+        return address(self.uri)
+
     def call(self, fn: Callable[[Any], Any], *, timeout: float | None = None, missing: bool = False) -> Any:
         """``fn(client)`` within ``timeout`` seconds (default :data:`~.store.CALL_TIMEOUT`). With ``missing``,
         None where the store answers that what was asked for does not exist.
