@@ -1,14 +1,14 @@
 # `make pipeline` installs (once) and runs the five DVC stages; `make test` installs and runs the tests;
 # `make doctor` reports on the machine and predicts the pipeline's time on it; `make search` searches an
 # augmentation policy on this data (docs/search.md); `make tracking-server` runs a shared MLflow server on
-# PostgreSQL (docs/team.md).
+# PostgreSQL and `make s3-server` an S3 server for the DVC remote (docs/team.md).
 # The install is the pinned requirements.lock; `make lock` re-resolves it from pyproject.toml.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install pipeline test doctor search lock tracking-server
+.PHONY: install pipeline test doctor search lock tracking-server s3-server
 
 # Every dependency at its locked version, then the project itself (editable, deps already there).
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -43,10 +43,19 @@ search: install
 	python -m stages.publish_search
 
 # A team's MLflow server: PostgreSQL and `mlflow server` with proxied artifacts, in .tracking-server/;
-# prints the MLFLOW_TRACKING_URI to use; Ctrl-C stops both. PORT=5000 ARGS="--auth" and so on.
+# prints the MLFLOW_TRACKING_URI to use (PUBLIC_URL, the address teammates reach it at; default
+# http://HOST:PORT); Ctrl-C stops both. HOST is where it listens: auth is on unless it is loopback.
+# PORT=5000 ARGS="--auth --workers 2" and so on. `make s3-server` (S3_PORT, S3_PUBLIC_URL): the DVC remote.
+HOST ?= 127.0.0.1
 PORT ?= 5000
+PUBLIC_URL ?=
 tracking-server: install
-	python -m pipelines.team.mlflow_server --port $(PORT) $(ARGS)
+	python -m pipelines.team.mlflow_server --host $(HOST) --port $(PORT) $(if $(PUBLIC_URL),--public-url $(PUBLIC_URL)) $(ARGS)
+
+S3_PORT ?= 9000
+S3_PUBLIC_URL ?=
+s3-server: install
+	python -m pipelines.team.s3_server --host $(HOST) --port $(S3_PORT) $(if $(S3_PUBLIC_URL),--public-url $(S3_PUBLIC_URL)) $(ARGS)
 
 # After editing pyproject.toml: newest releases that satisfy it (Linux x86_64, Python 3.11).
 lock: install

@@ -39,10 +39,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _server(folder: Path) -> str:
-    """Start a tracking server (PostgreSQL, proxied artifacts) in ``folder``; its URL."""
+    """Start a tracking server (PostgreSQL, proxied artifacts, one worker as in the recorded figures) in
+    ``folder``; its URL."""
     folder.parent.chmod(0o755)  # PostgreSQL runs as `postgres` when this runs as root
     started = subprocess.run([sys.executable, "-m", "pipelines.team.mlflow_server", "--folder", str(folder), "--port",
-                              str(free_port()), "--detach"], capture_output=True, text=True)
+                              str(free_port()), "--workers", "1", "--detach"], capture_output=True, text=True)
     if started.returncode:
         raise SystemExit(f"error: the tracking server did not start: {started.stderr.strip().splitlines()[-1]}")
     return json.loads((folder / "server.json").read_text())["url"]

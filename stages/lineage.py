@@ -5,7 +5,8 @@
   ``dvc checkout``);
 * a DVC experiment name, a git revision or ``workspace``: prints the MLflow runs that
   ``metrics/run.json`` names there (falling back to runs tagged with the experiment name) with
-  their URLs in the MLflow UI (``http://127.0.0.1:5000``, where ``mlflow ui`` serves by default).
+  their URLs in the MLflow UI: the tracking server's (``MLFLOW_TRACKING_URI``), else ``http://127.0.0.1:5000``,
+  where ``mlflow ui`` serves by default.
 
 Run it in the repository root; not a DVC stage. The store is the pipeline's (``MLFLOW_TRACKING_URI``
 overrides). Anything unknown is one line, ``error: ...``, with exit code 2.

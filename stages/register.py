@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
                                  params_file=Path(args.params), lock_file=Path("dvc.lock"),
                                  experiment=params.tracking.experiment, name=args.name, registry=registry)
     log.info("registered %s version %s as %s: %s %.4f (logged model %s, run %s, store %s)", done.name, done.version,
-             registration.CANDIDATE, evaluation.metric, evaluation.ap, done.model_id, done.run_id, registry.uri)
+             registration.CANDIDATE, evaluation.metric, evaluation.ap, done.model_id, done.run_id, registry.shown)
     if args.promote:
         _, line = registration.promote(registry, done.name, done.version, alias=args.promote, if_better=args.if_better)
         log.info("%s", line)

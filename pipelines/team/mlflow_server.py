@@ -23,18 +23,23 @@ MLflow's job runner (huey consumers for its GenAI jobs, which no detection run u
 ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true`` is set: it adds processes and costs CPU at every start, for
 nothing a detection run needs.
 
-It prints the URI clients set as ``MLFLOW_TRACKING_URI``. Ctrl-C, SIGTERM or SIGHUP (or ``stop``)
-ends the MLflow server, then PostgreSQL (``pg_ctl stop -m fast``). Errors are one line, ``error: ...``.
+It prints the URI clients set as ``MLFLOW_TRACKING_URI``: ``--public-url``, the address teammates reach it at
+(:mod:`~pipelines.team.address`), apart from ``--host``, where it listens; MLflow admits that name (and this
+machine's loopback names and ``--host``) in the ``Host`` header and nothing else. Where ``--host`` is not
+loopback, auth is on whether or not ``--auth`` is given. ``--workers`` server processes (default one per
+core, at most 4); with auth, ``--default-permission`` (READ at first) is kept across restarts until given
+again. Ctrl-C, SIGTERM or SIGHUP (or ``stop``) ends the MLflow server, then PostgreSQL (``pg_ctl stop -m
+fast``). Errors are one line, ``error: ...``.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -44,7 +49,7 @@ from pathlib import Path
 from ..errors import TrackingError
 from ..lifetime import free_port
 from ..tracking import store
-from . import service
+from . import address, service
 
 ROLE = DATABASE = "mlflow"
 READY_TIMEOUT = 120.0  # seconds for `mlflow server` to answer /health: its first start on a busy machine is slow
@@ -201,17 +206,80 @@ def _secret(path: Path) -> str:
     return service.secret(path, lambda: secrets.token_hex(16)).strip()
 
 
-def _auth_environment(cluster: Cluster, port: int) -> dict[str, str]:
-    """The basic-auth app's settings: its users in the ``mlflow_auth`` database, new users READ by default,
-    the admin's password from ``FOLDER/admin-password`` (through the environment, never a file it reads)."""
-    cluster.ensure_database(port, AUTH_DATABASE)
-    config = cluster.folder / "basic_auth.ini"
-    config.write_text("[mlflow]\ndefault_permission = READ\n"
-                      f"database_uri = postgresql+psycopg://{ROLE}@{cluster.host}:{port}/{AUTH_DATABASE}\n"
+PERMISSIONS = ("READ", "EDIT", "MANAGE", "NO_PERMISSIONS")
+"""What ``--default-permission`` may be: what a user may do where nobody granted them anything (MLflow's
+basic-auth ``default_permission``)."""
+FIRST_PERMISSION = "READ"  # MLflow's own default, the first start's
+
+
+def kept_permission(config: Path) -> str | None:
+    """The ``default_permission`` that ``config`` (``basic_auth.ini``) holds, None without the file or the key."""
+    import configparser
+
+    if not config.is_file():
+        return None
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(config)
+    except configparser.Error:
+        return None
+    return parser.get("mlflow", "default_permission", fallback=None)
+
+
+def write_auth_config(folder: Path, *, database_uri: str, default_permission: str | None = None, say=print) -> str:
+    """Write ``FOLDER/basic_auth.ini`` (the basic-auth app's settings, no secret in it); its default permission.
+
+    ``default_permission`` None keeps what the file holds (a lead's ``--default-permission`` or hand edit survives
+    a restart), else :data:`FIRST_PERMISSION`; a change is said in one line."""
+    config = folder / "basic_auth.ini"
+    kept = kept_permission(config)
+    if default_permission is None and kept is not None and kept not in PERMISSIONS:
+        raise ServerError(f"{config}: default_permission = {kept} is not one of {', '.join(PERMISSIONS)}; "
+                          "correct it or pass --default-permission")
+    permission = default_permission or kept or FIRST_PERMISSION
+    if kept is not None and permission != kept:
+        say(f"new users' default permission: {kept} -> {permission} (--default-permission)")
+    config.write_text(f"[mlflow]\ndefault_permission = {permission}\n"
+                      f"database_uri = {database_uri}\n"
                       f"admin_username = {ADMIN}\n"
                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_AUTH_ADMIN_PASSWORD": _secret(cluster.folder / "admin-password"),
-            "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(cluster.folder / "flask-secret")}  # its CSRF protection
+    return permission
+
+
+def _auth_environment(cluster: Cluster, port: int, *, default_permission: str | None,
+                      say) -> tuple[dict[str, str], str]:
+    """The basic-auth app's settings (its users in the ``mlflow_auth`` database, :func:`write_auth_config`), the
+    admin's password from ``FOLDER/admin-password`` (through the environment, never a file it reads); and the
+    default permission."""
+    cluster.ensure_database(port, AUTH_DATABASE)
+    permission = write_auth_config(cluster.folder, default_permission=default_permission, say=say,
+                                   database_uri=f"postgresql+psycopg://{ROLE}@{cluster.host}:{port}/{AUTH_DATABASE}")
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(cluster.folder / "basic_auth.ini"),
+            "MLFLOW_AUTH_ADMIN_PASSWORD": _secret(cluster.folder / "admin-password"),
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(cluster.folder / "flask-secret")}, permission  # its CSRF key
+
+
+def secure(host: str, auth: bool, say=print) -> bool:
+    """Whether the server runs with auth: always where ``host`` is not a loopback address (anyone who reaches the
+    port could otherwise read, write and delete every experiment and fill the disk), said in one line."""
+    if auth or address.is_loopback(host):
+        return auth
+    say(f"--host {host} is reachable from other machines: auth is on (as with --auth); create users with "
+        f"`python -m pipelines.team.mlflow_server user NAME`")
+    return True
+
+
+def default_workers() -> int:
+    """``--workers`` by default: one per core of this process, at most MLflow's own default (4)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def worker_count(text: str) -> int:
+    """``--workers``: 1 to 64 (argparse type)."""
+    value = int(text) if text.strip().isdigit() else 0
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"expected a number of server processes from 1 to 64, got {text!r}")
+    return value
 
 
 def add_user(folder: Path, name: str, *, experiment: str) -> str:
@@ -221,6 +289,7 @@ def add_user(folder: Path, name: str, *, experiment: str) -> str:
     running = service.running(folder)
     if not running:
         raise ServerError(f"{folder}: no tracking server runs; start it with --auth first")
+    url = running.get("local_url") or running["url"]  # this machine's way in, whatever the public name
     if not running.get("auth"):
         raise ServerError(f"{folder}: its server runs without --auth: every client may write already")
     import mlflow
@@ -232,10 +301,10 @@ def add_user(folder: Path, name: str, *, experiment: str) -> str:
     os.environ.update({"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": _secret(folder / "admin-password"),
                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"})
     try:
-        experiment_id = store.experiment_id(mlflow.MlflowClient(running["url"]), experiment)
+        experiment_id = store.experiment_id(mlflow.MlflowClient(url), experiment)
     except MlflowException as err:
         raise ServerError(f"creating experiment {experiment!r}: {err.message}") from None
-    users = AuthServiceClient(running["url"])
+    users = AuthServiceClient(url)
     password = secrets.token_hex(12)
     try:
         users.create_user(name, password)
@@ -255,14 +324,20 @@ def _mlflow_command() -> str:
 class Server:
     """A running tracking server: what ``server.json`` keeps."""
 
-    url: str
+    url: str  # the public URL, which clients use
     pid: int
     postgres_port: int
     artifacts: str
     auth: bool = False
+    local_url: str = ""  # how this machine reaches it (health checks, `user`)
+    workers: int = 1
+    default_permission: str | None = None  # with auth: new users'
 
     def describe(self) -> str:
-        return (f"MLflow tracking server at {self.url} (PostgreSQL on port {self.postgres_port}, artifacts in "
+        listens = f"listening on {self.local_url}, " if self.local_url and self.local_url != self.url else ""
+        auth = f"auth on, new users {self.default_permission}" if self.auth else "no auth"
+        return (f"MLflow tracking server at {self.url} ({listens}{auth}, {self.workers} worker"
+                f"{'s' if self.workers != 1 else ''}, PostgreSQL on port {self.postgres_port}, artifacts in "
                 f"{self.artifacts}); clients: export MLFLOW_TRACKING_URI={self.url}")
 
 
@@ -284,13 +359,23 @@ def _warm_up(url: str, admin: tuple[str, str] | None) -> None:
 
 
 def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts: str | None = None,
-          auth: bool = False, db_host: str = "127.0.0.1", say=print) -> tuple[Server, subprocess.Popen]:
-    """Start PostgreSQL and ``mlflow server`` on it; the server and its process (in a session of its own)."""
+          auth: bool = False, db_host: str = "127.0.0.1", public_url: str | None = None, workers: int | None = None,
+          default_permission: str | None = None, say=print) -> tuple[Server, subprocess.Popen]:
+    """Start PostgreSQL and ``mlflow server`` on it; the server and its process (in a session of its own).
+
+    ``public_url`` (default :func:`.address.default_public_url`) is what clients use and what MLflow admits in
+    the ``Host`` header and as the UI's origin, beside this machine's loopback names and ``host``; auth is on
+    where ``host`` is not loopback (:func:`secure`)."""
     folder = folder.resolve()
     TRACKING.refuse_second(folder, shown="url")
-    with socket.socket() as s:
-        if s.connect_ex((host, port)) == 0:
-            raise ServerError(f"--port {port}: something already listens on {host}:{port}; choose another port")
+    service.refuse_taken_port(host, port, ServerError)
+    auth = secure(host, auth, say)
+    if default_permission and not auth:
+        raise ServerError(f"--default-permission {default_permission}: auth is off (a loopback --host without --auth); "
+                          "add --auth")
+    public = public_url or address.default_public_url(host, port)
+    local = address.local_url(host, port)
+    workers = workers or default_workers()
     cluster = Cluster(folder, db_host)
     if cluster.init():
         say(f"created a PostgreSQL cluster in {cluster.data}")
@@ -305,21 +390,25 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         if revision is not None and revision != head:
             say(f"upgrading the MLflow schema from {revision} to {head} (mlflow db upgrade)")
             _run([_mlflow_command(), "db", "upgrade", cluster.uri(pg_port)], "mlflow db upgrade", env)
+        permission = None
         if auth:
-            env.update(_auth_environment(cluster, pg_port))
+            auth_env, permission = _auth_environment(cluster, pg_port, default_permission=default_permission, say=say)
+            env.update(auth_env)
         destination = artifacts or (folder / "artifacts").as_uri()
-        command = [_mlflow_command(), "server", "--host", host, "--port", str(port), "--workers", "1",
-                   "--serve-artifacts", "--artifacts-destination", destination]
+        command = [_mlflow_command(), "server", "--host", host, "--port", str(port), "--workers", str(workers),
+                   "--serve-artifacts", "--artifacts-destination", destination,
+                   "--allowed-hosts", address.allowed_hosts(public, host=host, port=port),
+                   "--cors-allowed-origins", address.origin(public)]
         if auth:
             command += ["--app-name", "basic-auth"]
-        url = f"http://{host}:{port}"
-        process = TRACKING.spawn(command, folder=folder, env=env, ready=lambda: _healthy(url),
-                                 unready=f"mlflow server did not answer {url}/health", timeout=READY_TIMEOUT)
-        _warm_up(url, (ADMIN, env["MLFLOW_AUTH_ADMIN_PASSWORD"]) if auth else None)
+        process = TRACKING.spawn(command, folder=folder, env=env, ready=lambda: _healthy(local),
+                                 unready=f"mlflow server did not answer {local}/health", timeout=READY_TIMEOUT)
+        _warm_up(local, (ADMIN, env["MLFLOW_AUTH_ADMIN_PASSWORD"]) if auth else None)
     except BaseException:
         cluster.stop()
         raise
-    server = Server(url=url, pid=process.pid, postgres_port=pg_port, artifacts=destination, auth=auth)
+    server = Server(url=public, pid=process.pid, postgres_port=pg_port, artifacts=destination, auth=auth,
+                    local_url=local, workers=workers, default_permission=permission)
     service.write_state(folder, vars(server))
     return server, process
 
@@ -343,7 +432,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("name", nargs="?", help="the user's name (action user)")
     parser.add_argument("--experiment", default="detection", help="the experiment a new user may edit (%(default)s)")
     parser.add_argument("--artifacts", help="where artifacts go (default FOLDER/artifacts; s3://bucket/prefix)")
-    parser.add_argument("--auth", action="store_true", help="MLflow's basic-auth app (docs/team.md)")
+    parser.add_argument("--auth", action="store_true",
+                        help="MLflow's basic-auth app (docs/team.md); always on where --host is not loopback")
+    parser.add_argument("--default-permission", choices=PERMISSIONS,
+                        help="with auth: what users may do where nobody granted them anything (first start: READ; "
+                             "then kept across restarts until given again)")
+    parser.add_argument("--workers", type=worker_count,
+                        help=f"server processes (default: one per core, at most 4; here {default_workers()})")
     args = parser.parse_args(argv)
     if args.action == "stop":
         TRACKING.stopped(args.folder, stop(args.folder))
@@ -353,8 +448,10 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("user: give the user's name")
         password = add_user(args.folder, args.name, experiment=args.experiment)
         given = f"password {password}" if password else "its password unchanged"
+        url = (service.running(args.folder.resolve()) or {}).get("url", "the server's URL")
         print(f"user {args.name} ({given}) may edit experiment {args.experiment!r}; they set "
-              f"MLFLOW_TRACKING_USERNAME={args.name} and MLFLOW_TRACKING_PASSWORD in their environment")
+              f"MLFLOW_TRACKING_URI={url}, MLFLOW_TRACKING_USERNAME={args.name} and MLFLOW_TRACKING_PASSWORD in "
+              "their environment")
         return
     if args.action == "status":
         running = service.running(args.folder.resolve())
@@ -365,7 +462,9 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     def start_it() -> tuple[str, subprocess.Popen]:
-        server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts, auth=args.auth)
+        server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts, auth=args.auth,
+                                public_url=args.public_url, workers=args.workers,
+                                default_permission=args.default_permission)
         return server.describe(), process
 
     TRACKING.serve(args.folder, start_it, detach=args.detach, stop=stop)

@@ -8,7 +8,9 @@ checks signatures, not a mock. The first start makes an access key and secret, k
 ``FOLDER/credentials`` (mode 600) and handed to the server in its environment, and the server creates
 ``--bucket``. It prints the commands that point DVC at it; the credentials go to
 ``.dvc/config.local`` (``--local``), which git ignores, never to ``.dvc/config`` or the command
-history of a stage. Every port of SeaweedFS's parts (master, volume, filer, S3, admin, their gRPC
+history of a stage; their ``endpointurl`` is ``--public-url``, the address teammates reach it at (default
+``http://HOST:PORT``), which SeaweedFS also gets as its external URL. SeaweedFS's telemetry (reports to
+an outside host by default) is off. Every port of SeaweedFS's parts (master, volume, filer, S3, admin, their gRPC
 ports) is a free one of ``--host``, so two servers, or one beside anything else, never collide.
 """
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from ..errors import OutputError
 from ..lifetime import free_port
-from . import service
+from . import address, service
 
 READY_TIMEOUT = 60.0
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
@@ -44,9 +46,10 @@ S3 = service.Service("S3 server", "an", program="weed mini", module="pipelines.t
 class S3Server:
     """A running server: what ``FOLDER/server.json`` keeps (no secret)."""
 
-    endpoint: str
+    endpoint: str  # the public URL, which clients use
     bucket: str
     pid: int
+    local: str = ""  # how this machine reaches it
 
     def dvc_commands(self, access_key: str, secret_key: str, remote: str = "team", prefix: str = "") -> list[str]:
         """The commands that make this server a repository's default DVC remote."""
@@ -83,20 +86,28 @@ def _answers(endpoint: str) -> bool:
         return False
 
 
-def start(folder: Path, *, host: str = "127.0.0.1", port: int = 9000, bucket: str = "dvc") -> tuple[S3Server, subprocess.Popen]:
-    """Start ``weed mini`` in ``folder`` (its data in ``folder/data``); the server and its process."""
+def start(folder: Path, *, host: str = "127.0.0.1", port: int = 9000, bucket: str = "dvc",
+          public_url: str | None = None) -> tuple[S3Server, subprocess.Popen]:
+    """Start ``weed mini`` in ``folder`` (its data in ``folder/data``); the server and its process. Clients are
+    told ``public_url`` (default :func:`.address.default_public_url`), which SeaweedFS is also given as its
+    external URL (signatures of requests through a proxy are checked against it)."""
     folder = folder.resolve()
     S3.refuse_second(folder)
+    service.refuse_taken_port(host, port, S3ServerError)
     access_key, secret_key = credentials(folder)
     (folder / "data").mkdir(parents=True, exist_ok=True)
     command = [_weed(), "mini", f"-dir={folder / 'data'}", f"-ip={host}", f"-ip.bind={host}", f"-s3.port={port}",
-               f"-bucket={bucket}", "-admin.ui=false", *(f"-{flag}={free_port(host)}" for flag in PORT_FLAGS)]
+               f"-bucket={bucket}", "-admin.ui=false", "-master.telemetry=false",
+               *(f"-{flag}={free_port(host)}" for flag in PORT_FLAGS)]
+    if public_url:
+        command.append(f"-s3.externalUrl={public_url}")
     env = {**os.environ, "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
-    endpoint = f"http://{host}:{port}"
+    local = address.local_url(host, port)
     process = S3.spawn(command, folder=folder, env=env, timeout=READY_TIMEOUT,
-                       ready=lambda: _answers(endpoint) and _bucket_ready(endpoint, bucket, access_key, secret_key),
-                       unready=f"the S3 server did not answer {endpoint}")
-    server = S3Server(endpoint=endpoint, bucket=bucket, pid=process.pid)
+                       ready=lambda: _answers(local) and _bucket_ready(local, bucket, access_key, secret_key),
+                       unready=f"the S3 server did not answer {local}")
+    server = S3Server(endpoint=public_url or address.default_public_url(host, port), bucket=bucket, pid=process.pid,
+                      local=local)
     service.write_state(folder, vars(server))
     return server, process
 
@@ -121,6 +132,14 @@ def stop(folder: Path) -> bool:
     return service.stop(folder.resolve())
 
 
+def describe(server: S3Server, folder: Path) -> str:
+    """What a start prints: where the server is, and the commands that point DVC at it (its public URL)."""
+    commands = server.dvc_commands(*credentials(folder.resolve()))
+    listens = f" (listening on {server.local})" if server.local and server.local != server.endpoint else ""
+    return (f"S3 server at {server.endpoint}{listens}, bucket {server.bucket}; point DVC at it (credentials in "
+            f"{folder / 'credentials'}, to .dvc/config.local only):\n" + "\n".join("  " + line for line in commands))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = service.parser(__doc__, actions=("stop",), folder=".s3-server", port=9000, helps={
         "folder": "its data and credentials (default %(default)s)", "host": "the address it listens on (0.0.0.0: all)",
@@ -132,11 +151,9 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     def start_it() -> tuple[str, subprocess.Popen]:
-        server, process = start(args.folder, host=args.host, port=args.port, bucket=args.bucket)
-        commands = server.dvc_commands(*credentials(args.folder.resolve()))
-        return (f"S3 server at {server.endpoint}, bucket {server.bucket}; point DVC at it (credentials in "
-                f"{args.folder / 'credentials'}, to .dvc/config.local only):\n"
-                + "\n".join("  " + line for line in commands)), process
+        server, process = start(args.folder, host=args.host, port=args.port, bucket=args.bucket,
+                                public_url=args.public_url)
+        return describe(server, args.folder), process
 
     S3.serve(args.folder, start_it, detach=args.detach)
 

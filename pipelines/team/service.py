@@ -8,6 +8,7 @@ that stopping it ends everything it started.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import re
@@ -22,6 +23,7 @@ from typing import Callable
 
 from ..errors import PipelineError
 from ..lifetime import StopSignals, alive, end_group
+from . import address
 
 STATE, LOG = "server.json", "server.log"
 STOP_TIMEOUT = 15.0
@@ -100,6 +102,12 @@ def listen_host(text: str) -> str:
     return text
 
 
+def refuse_taken_port(host: str, port: int, error: type[PipelineError]) -> None:
+    """Raise ``error`` (one line naming ``--port``) if something already listens on ``port`` of ``host``."""
+    with contextlib.suppress(OSError), socket.create_connection((address.reach(host), port), timeout=2):
+        raise error(f"--port {port}: something already listens on {host}:{port}; choose another port")
+
+
 def folder_path(text: str) -> Path:
     """``--folder``: a folder, made at start if missing, so neither it nor a parent may be another kind of file
     (argparse type)."""
@@ -119,14 +127,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser(doc: str, *, actions: tuple[str, ...], folder: str, port: int, helps: dict[str, str]):
-    """The shared command line: ACTION (default start), --folder, --host, --port, --detach; ``helps`` per option.
-    Each is checked as it is read (:func:`port_number`, :func:`listen_host`, :func:`folder_path`); a bad one is
-    one line, exit 2."""
+    """The shared command line: ACTION (default start), --folder, --host, --port, --public-url, --detach;
+    ``helps`` per option. Each is checked as it is read (:func:`port_number`, :func:`listen_host`,
+    :func:`folder_path`, :func:`.address.public_url`); a bad one is one line, exit 2."""
     cli = _Parser(description=doc.splitlines()[0], epilog="docs/team.md")
     cli.add_argument("action", nargs="?", choices=("start", *actions), default="start", help=helps.get("action"))
     cli.add_argument("--folder", type=folder_path, default=Path(folder), help=helps["folder"])
     cli.add_argument("--host", type=listen_host, default="127.0.0.1", help=helps["host"])
     cli.add_argument("--port", type=port_number, default=port, help=helps.get("port"))
+    cli.add_argument("--public-url", type=address.public_url, metavar="URL",
+                     help="the address teammates reach it at, printed for them (default http://HOST:PORT, this "
+                          "machine's name for --host 0.0.0.0): http(s)://NAME[:PORT][/PATH]")
     cli.add_argument("--detach", action="store_true", help="start it in the background and return")
     return cli
 

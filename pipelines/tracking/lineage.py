@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TrackingError
-from .store import find_runs, get_run
+from .store import find_runs, get_run, tracking_uri
+from .wording import address
 
 log = logging.getLogger("pipelines.tracking")
 
 UI_URL = "http://127.0.0.1:5000"
-"""Where ``mlflow ui`` (and ``mlflow server``) serve by default; run URLs are given under it."""
+"""Where ``mlflow ui`` (and ``mlflow server``) serve by default; run URLs of a local store are given under it."""
 STAGE_TAG = "pipeline.stage"  # train | evaluate
 TRAINING_RUN_TAG = "training_run_id"  # on an evaluation run: the training run whose model it scored
 EXP_NAME_TAG, BASELINE_TAG, COMMIT_TAG = "dvc.exp_name", "dvc.baseline_rev", "mlflow.source.git.commit"
@@ -197,9 +198,18 @@ def stage_tags(stage: str, *, params_file: str | Path, cache: str | Path | None 
     return tags
 
 
-def run_url(experiment_id: str, run_id: str, base: str = UI_URL) -> str:
-    """The run's page in the MLflow UI served at ``base``."""
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+def ui_url(uri: str | None = None) -> str:
+    """Where the MLflow UI of the store ``uri`` (default the pipeline's) is: a tracking server serves it at its
+    own URL (without a user or password in it); a local store's at :data:`UI_URL`, once ``mlflow ui`` runs."""
+    uri = uri or tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        return address(uri).replace("***@", "", 1).rstrip("/")
+    return UI_URL
+
+
+def run_url(experiment_id: str, run_id: str, base: str | None = None) -> str:
+    """The run's page in the MLflow UI served at ``base`` (default :func:`ui_url`)."""
+    return f"{base or ui_url()}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 # --- from a run to its experiment and back (``python -m stages.lineage``) ------------------------------------
@@ -251,7 +261,9 @@ def describe_experiment(name: str) -> str:
         stage = run.data.tags.get(STAGE_TAG, "run")
         lines.append(f"  {stage:<9} {run.info.run_id}  \"{run.info.run_name}\"  {run.info.status}")
         lines.append(f"            {run_url(run.info.experiment_id, run.info.run_id)}")
-    lines.append(f"(URLs under {UI_URL}, where `mlflow ui --backend-store-uri sqlite:///mlflow.db` serves by default)")
+    base = ui_url()
+    lines.append(f"(URLs under {base}, where `mlflow ui --backend-store-uri sqlite:///mlflow.db` serves by default)"
+                 if base == UI_URL else f"(URLs under {base}, the tracking server's UI)")
     return "\n".join(lines)
 
 

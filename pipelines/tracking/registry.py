@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..errors import TrackingError, first_line
 from . import store
-from .wording import reason
+from .wording import address, reason
 
 MODELS_SCHEME = "models:/"
 _NAME = r"[^/@]+"
@@ -58,7 +58,8 @@ class Registry:
         self.uri = uri or store.tracking_uri()
         store.refuse_file_store(self.uri)
         if not create and self.uri.startswith("sqlite:///") and not Path(self.uri[len("sqlite:///"):]).is_file():
-            raise TrackingError(f"MLflow store {self.uri}: no such database (no model has been registered here)")
+            raise TrackingError(f"MLflow store {address(self.uri)}: no such database (no model has been registered "
+                                "here)")
         try:
             store.open_client(self.uri, store.OPEN_TIMEOUT)  # bounded: opens (maybe creates) the store
             import mlflow
@@ -67,7 +68,12 @@ class Registry:
             # earlier set_registry_uri in this process may have pointed elsewhere
             self.client = mlflow.MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
         except Exception as err:
-            raise TrackingError(f"MLflow store {self.uri} {reason(err)}") from None
+            raise TrackingError(f"MLflow store {address(self.uri)} {reason(err)}") from None
+
+    @property
+    def shown(self) -> str:
+        """The store's URI as logged: without a user or password in it."""
+        return address(self.uri)
 
     def call(self, fn: Callable[[Any], Any], *, timeout: float | None = None, missing: bool = False) -> Any:
         """``fn(client)`` within ``timeout`` seconds (default :data:`~.store.CALL_TIMEOUT`). With ``missing``,
@@ -83,8 +89,9 @@ class Registry:
             if store.rejected(err):
                 if missing:
                     return None
-                raise TrackingError(f"MLflow store {self.uri} refused the request ({first_line(err, 300)})") from None
-            raise TrackingError(f"MLflow store {self.uri} {reason(err)}") from None
+                raise TrackingError(f"MLflow store {address(self.uri)} refused the request "
+                                    f"({first_line(err, 300)})") from None
+            raise TrackingError(f"MLflow store {address(self.uri)} {reason(err)}") from None
 
     def version(self, name: str, ref: str):
         """The ``ModelVersion`` of registered model ``name`` that ``ref`` names (a version number or an
@@ -104,7 +111,7 @@ class Registry:
         if found is not None:
             return found
         if self.call(lambda client: client.get_registered_model(name), missing=True) is None:
-            raise TrackingError(f"{uri}: no registered model {name!r} in MLflow store {self.uri}")
+            raise TrackingError(f"{uri}: no registered model {name!r} in MLflow store {address(self.uri)}")
         what = f"version {ref}" if ref.isdigit() else f"alias {ref!r}"
         raise TrackingError(f"{uri}: registered model {name!r} has no {what} (python -m stages.register "
                             "registers versions; --promote sets aliases)")

@@ -14,6 +14,7 @@ from .lineage import (NOTE_TAG, TRAINING_RUN_TAG, baseline_params, evaluation_no
                       training_note)
 from .store import close_run, tracking_uri
 from .tracker import Tracker
+from .wording import address
 
 FINGERPRINT_TAG = "train.fingerprint"  # on every training run
 CONTINUES_TAG = "train.continues_run"  # on a run that resumed another run's checkpoint (its run file was lost)
@@ -27,8 +28,9 @@ def write_run_file(path: str | Path, *, run_id: str | None, experiment: str, **f
     """Record which MLflow run a pipeline run writes to (the train stage's output, read by evaluate),
     with more ``fields`` (e.g. the train stage's fingerprint and status).
 
-    ``run_id`` is None (written as ``null``) when the train stage ran without tracking."""
-    write_json(path, {"run_id": run_id, "tracking_uri": tracking_uri(), "experiment": experiment, **fields})
+    ``run_id`` is None (written as ``null``) when the train stage ran without tracking; the store's URI is
+    written without a user or password in it (the file is a DVC output, maybe committed)."""
+    write_json(path, {"run_id": run_id, "tracking_uri": address(tracking_uri()), "experiment": experiment, **fields})
 
 
 def read_run_file(path: str | Path) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import TrackingError, first_line
-from .wording import NO_ANSWER, plural, reason
+from .wording import NO_ANSWER, address, host_refused, plural, reason
 
 log = logging.getLogger("pipelines.tracking")
 
@@ -113,8 +113,8 @@ def refuse_file_store(uri: str) -> None:
     one): MLflow keeps it in maintenance mode and refuses new runs with a message that names no setting, so
     a stage would run untracked. Every other URI is left to MLflow."""
     if uri.lower().startswith("file:") or not re.match(r"[A-Za-z][\w+.-]*://", uri):
-        raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: MLflow's file store is not supported here (MLflow keeps "
-                            "it in maintenance mode); expected sqlite:///ABSOLUTE/PATH/mlflow.db, "
+        raise TrackingError(f"MLFLOW_TRACKING_URI={address(uri)}: MLflow's file store is not supported here (MLflow "
+                            "keeps it in maintenance mode); expected sqlite:///ABSOLUTE/PATH/mlflow.db, "
                             "http(s)://HOST:PORT of a tracking server, or nothing (the repository's mlflow.db)")
 
 
@@ -227,9 +227,12 @@ def _limit_sqlite_busy_wait(uri: str) -> None:
 
 
 def _prepare(uri: str) -> None:
-    """Before any client is made for ``uri``: bounded HTTP knobs, bounded SQLite waits, quiet logs."""
+    """Before any client is made for ``uri``: bounded HTTP knobs, bounded SQLite waits, quiet logs, and no URL
+    printed by MLflow where ``uri`` carries a user or password."""
     for key, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    if address(uri) != uri:  # MLflow prints a run's URL, user and password included, when the run ends
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     import mlflow  # noqa: F401  (configures MLflow's loggers, which _quiet_mlflow_logging then filters)
 
     _limit_sqlite_busy_wait(uri)
@@ -247,10 +250,11 @@ def rejected(err: BaseException) -> bool:
 
 
 def refused_credentials(err: BaseException) -> bool:
-    """The store answered 401 or 403: no, wrong or insufficient credentials (a tracking server with auth)."""
+    """The store answered 401 or 403: no, wrong or insufficient credentials (a tracking server with auth); not
+    the 403 of a server that does not admit the name it was reached by (:func:`.wording.host_refused`)."""
     from mlflow.exceptions import MlflowException
 
-    if not isinstance(err, MlflowException):
+    if not isinstance(err, MlflowException) or host_refused(err):
         return False
     return err.get_http_status_code() in (401, 403) or bool(re.search(r"error code 40[13]\b", str(err)))
 
@@ -325,9 +329,10 @@ def close_run(run_id: str, status: str, *, uri: str | None = None) -> bool:
         return bool(Attempt(close).wait(CALL_TIMEOUT))
     except Exception as err:  # never raise for the store
         if rejected(err):
-            log.warning("MLflow store %s has no run %s to mark %s (%s)", uri, run_id, status, first_line(err, 200))
+            log.warning("MLflow store %s has no run %s to mark %s (%s)", address(uri), run_id, status,
+                        first_line(err, 200))
         else:
-            log.warning("MLflow store %s %s: run %s was not marked %s", uri, reason(err), run_id, status)
+            log.warning("MLflow store %s %s: run %s was not marked %s", address(uri), reason(err), run_id, status)
         log.debug("close_run(%s) failed", run_id, exc_info=True)
         return False
 
@@ -340,14 +345,14 @@ def _read(uri: str | None, what: Callable[[Any], Any]) -> Any:
     uri = uri or tracking_uri()
     refuse_file_store(uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        raise TrackingError(f"MLflow store {uri}: no such database (no run has been recorded here)")
+        raise TrackingError(f"MLflow store {address(uri)}: no such database (no run has been recorded here)")
     try:
         client = open_client(uri, OPEN_TIMEOUT)
         return Attempt(lambda: what(client)).wait(CALL_TIMEOUT)
     except Exception as err:
         if rejected(err):
             return None
-        raise TrackingError(f"MLflow store {uri} {reason(err)}") from None
+        raise TrackingError(f"MLflow store {address(uri)} {reason(err)}") from None
 
 
 def get_run(run_id: str, *, uri: str | None = None):
@@ -372,5 +377,5 @@ def store_status(uri: str | None = None) -> str:
     except TrackingError as err:
         return str(err).removeprefix("MLflow store ")
     if experiments is None:
-        return f"{uri} refuses this client (see the warning above)"
-    return f"{uri} answers ({plural(len(experiments), 'experiment')})"
+        return f"{address(uri)} refuses this client (see the warning above)"
+    return f"{address(uri)} answers ({plural(len(experiments), 'experiment')})"

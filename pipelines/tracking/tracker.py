@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ..errors import TrackingError, first_line
 from . import lineage, store
-from .wording import plural, reason
+from .wording import address, host_refusal, host_refused, plural, reason
 
 log = logging.getLogger("pipelines.tracking")
 _BATCH_METRICS = 1000  # MLflow's limits per log_batch
@@ -137,6 +137,11 @@ class Tracker:
         self._finished = False
 
     @property
+    def shown(self) -> str:
+        """The store's URI as logged: without a user or password in it."""
+        return address(self.uri)
+
+    @property
     def active(self) -> bool:
         return self.run_id is not None
 
@@ -164,19 +169,21 @@ class Tracker:
             client = tracker._get_client()
             tracker.run_id, tracker.experiment_id = cls._create_run(client, experiment, name, all_tags)
         except Exception as err:
+            if host_refused(err):
+                raise TrackingError(f"MLflow store {tracker.shown} {host_refusal(tracker.uri)}") from None
             if store.refused_credentials(err):
                 user = os.environ.get("MLFLOW_TRACKING_USERNAME")
                 who = f"user {user!r}" if user else "no user (MLFLOW_TRACKING_USERNAME is not set)"
-                raise TrackingError(f"MLflow store {tracker.uri} refused {who}: set MLFLOW_TRACKING_USERNAME and "
+                raise TrackingError(f"MLflow store {tracker.shown} refused {who}: set MLFLOW_TRACKING_USERNAME and "
                                     f"MLFLOW_TRACKING_PASSWORD to a user with EDIT on experiment {experiment!r} "
                                     "(docs/team.md)") from None
             tracker._offline, tracker._error = True, err
             log.debug("creating the MLflow run failed", exc_info=True)
             log.warning("MLflow store %s %s: this run is not tracked (no MLflow run was created; its params, "
-                        "metrics, artifacts and status are not recorded)", tracker.uri, reason(err))
+                        "metrics, artifacts and status are not recorded)", tracker.shown, reason(err))
             return tracker
         tracker._submit(_Op(_Kind.PARAMS, ([(k, str(v)) for k, v in params.items()],), count=len(params)))
-        log.info("MLflow run %s in experiment %r at %s", tracker.run_id, experiment, tracker.uri)
+        log.info("MLflow run %s in experiment %r at %s", tracker.run_id, experiment, tracker.shown)
         return tracker
 
     @staticmethod
@@ -224,7 +231,7 @@ class Tracker:
             if tracker._refused(err, f"resuming MLflow run {run_id}", stalled=reopen):
                 tracker.run_id, tracker._offline, tracker._kept = None, True, []
                 log.warning("MLflow store %s has no run %s to add to (%s): these results are not recorded in MLflow",
-                            tracker.uri, run_id, first_line(err, 200))
+                            tracker.shown, run_id, first_line(err, 200))
         return tracker
 
     # logging
@@ -295,7 +302,7 @@ class Tracker:
         self._kept = [op for op in self._kept if not op.recorded]
         if self._kept:
             what, many = _describe(self._kept)
-            log.warning("MLflow store %s %s: %s %s not recorded (run %s)", self.uri,
+            log.warning("MLflow store %s %s: %s %s not recorded (run %s)", self.shown,
                         reason(self._error) if self._error else "failing", what, "were" if many else "was",
                         self.run_id)
 
@@ -366,7 +373,7 @@ class Tracker:
         was_online, self._offline = not self._offline and not self._reconnecting, True
         if was_online:
             log.info("MLflow store %s %s: tracking goes on offline, and what it keeps is retried when the stage "
-                     "ends", self.uri, reason(err))
+                     "ends", self.shown, reason(err))
 
     def _submit(self, op: _Op) -> None:
         self._kept.append(op)
@@ -374,7 +381,7 @@ class Tracker:
                 not any(o.in_flight for o in self._kept):
             # the call that missed its deadline went through after all: the store is back
             self._offline, self._stalled = False, None
-            log.info("MLflow store %s answers again: tracking is back online", self.uri)
+            log.info("MLflow store %s answers again: tracking is back online", self.shown)
         if not self._offline:
             self._flush(retry=False)
         elif time.monotonic() - self._offline_since >= store.RECONNECT_INTERVAL and \
@@ -396,7 +403,7 @@ class Tracker:
         if self._offline:  # failed again; _go_offline said nothing new
             return
         self._stalled = None
-        log.info("MLflow store %s answers again: tracking is back online, %s sent", self.uri,
+        log.info("MLflow store %s answers again: tracking is back online, %s sent", self.shown,
                  "what was kept" if self._kept == [] else "part of what was kept")
 
     def _flush(self, *, retry: bool) -> None:
@@ -441,6 +448,6 @@ class Tracker:
                 for o in group:  # the store refuses it: drop it, say why once
                     self._kept.remove(o)
                 why = first_line(err, 200) or type(err).__name__
-                self._reject(f"MLflow store {self.uri} refused {_describe(group)[0]}: {why}", key=why)
+                self._reject(f"MLflow store {self.shown} refused {_describe(group)[0]}: {why}", key=why)
             i += len(group)
         self._kept = [op for op in self._kept if not op.recorded]

@@ -1,8 +1,11 @@
-"""How tracking words what it reports: what is wrong with a store (:func:`reason`) and counts (:func:`plural`)."""
+"""How tracking words what it reports: a store's address (:func:`address`, without user or password), what is
+wrong with a store (:func:`reason`, :func:`host_refusal`) and counts (:func:`plural`)."""
 
 from __future__ import annotations
 
 import re
+
+from urllib.parse import urlsplit
 
 from ..errors import first_line
 
@@ -10,9 +13,41 @@ NO_ANSWER = "no answer within"
 """How the message of a store call still running at its deadline begins (``store.NoAnswer``)."""
 
 
+INVALID_HOST = "Invalid Host header"
+"""How the body of the 403 begins with which an MLflow server (3.5+) refuses a name it does not admit in the
+``Host`` header (``mlflow.server.security_utils.INVALID_HOST_MSG``): not a credentials refusal."""
+
+_USERINFO = re.compile(r"^([A-Za-z][\w+.-]*://)[^/?#]*@")
+
+
+def address(uri: str) -> str:
+    """``uri`` as logged or printed: a user and password in it (``http://user:password@host``) shown as ``***``."""
+    return _USERINFO.sub(r"\1***@", uri)
+
+
+def host_refused(err: BaseException) -> bool:
+    """Whether a store call failed because the server does not admit the name it was reached by."""
+    return INVALID_HOST in str(err)
+
+
+def host_refusal(uri: str) -> str:
+    """What to do about :func:`host_refused`, in one line naming the server's setting."""
+    parts = urlsplit(uri)
+    shown = parts.hostname or uri
+    base = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}{parts.path.rstrip('/')}"
+    return (f"refused the name {shown!r} (403 Invalid Host header, not a credentials problem): the server admits only "
+            f"the names it was started for; start the server with --public-url {base} "
+            "(python -m pipelines.team.mlflow_server), "
+            "or add the name to its allowed hosts (mlflow server --allowed-hosts, MLFLOW_SERVER_ALLOWED_HOSTS), or set "
+            "MLFLOW_TRACKING_URI to the URL it printed (docs/team.md)")
+
+
 def reason(err: BaseException) -> str:
     """What is wrong with the store, in a few words, for a warning: ``err`` is what a store call raised."""
     text = str(err)
+    if host_refused(err):
+        return ("refusing the name this client reached it by (403 Invalid Host header: the server's --public-url / "
+                "allowed hosts)")
     if text.startswith(NO_ANSWER):
         return f"not answering ({err})"
     if "database is locked" in text or "database table is locked" in text:
