@@ -3,7 +3,7 @@
 The store (``weed mini``) binds its master, volume server and filer to 127.0.0.1, and the S3 gateway
 (``weed s3``) binds to ``--host``; but the S3 gateway's gRPC port (which accepts identity updates, ``PutIdentity``) always
 shares the S3 gateway's address. So every gRPC port speaks mutual TLS: a private CA made here on first
-start signs the one certificate every part presents, and a peer without a certificate of that CA is
+start signs the one certificate every part presents (and its key is then dropped), and a peer without a certificate of that CA is
 refused in the handshake. The volume server's and filer's HTTP ports (on 127.0.0.1 only) also require
 JWTs signed with keys kept here, and the filer's web UI is off. ``weed`` reads ``security.toml`` from
 its working directory, the folder. Every key is in a file of mode 600, made once and kept.
@@ -38,7 +38,8 @@ def _names(host: str) -> list:
 
 
 def _certificates(tls: Path, host: str) -> None:
-    """A CA and one certificate it signs (server and client use), in ``tls/`` (keys mode 600)."""
+    """A CA and the one certificate it signs (server and client use), in ``tls/`` (the key mode 600); the CA's
+    key is not kept, so no other certificate can be made for it."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -65,8 +66,7 @@ def _certificates(tls: Path, host: str) -> None:
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                            critical=False)
             .sign(ca_key, hashes.SHA256()))
-    service.write_secret(tls / "ca.key", pem_key(ca_key))
-    service.write_secret(tls / "node.key", pem_key(key))
+    service.write_secret(tls / "node.key", pem_key(key))  # the CA's key signs this one certificate and is dropped
     (tls / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     (tls / "node.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
