@@ -26,7 +26,7 @@ KEY = ("teamAKIA", "teamSECRET")
 
 class _Fake(BaseHTTPRequestHandler):
     """MLflow's search answers 200 to alice's password and 401 otherwise; S3 (``/dvc``) answers an empty
-    listing to any key but ``bad``, AccessDenied to that (a fake: it checks no signature)."""
+    listing to any key but ``bad``, InvalidAccessKeyId to that (a fake: it checks no signature)."""
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         import base64
@@ -37,7 +37,7 @@ class _Fake(BaseHTTPRequestHandler):
             self._answer(200 if ok else 401, b"{}" if ok else b"You are not authenticated.", "application/json")
         elif self.path.startswith("/dvc"):
             if "Credential=bad/" in self.headers.get("Authorization", ""):
-                self._answer(403, b"<?xml version='1.0'?><Error><Code>AccessDenied</Code><Message>denied</Message>"
+                self._answer(403, b"<?xml version='1.0'?><Error><Code>InvalidAccessKeyId</Code><Message>no such key</Message>"
                                   b"</Error>", "application/xml")
             else:
                 self._answer(200, b"<?xml version='1.0'?><ListBucketResult><Name>dvc</Name><KeyCount>0</KeyCount>"
@@ -151,7 +151,7 @@ def test_a_tracked_stage_names_its_store_in_its_first_line_without_the_password(
     ("url", r"team.env: MLFLOW_TRACKING_URI: 'tracking.example' is not an http\(s\) URL"),
     ("password", r"team.env: MLFLOW_TRACKING_PASSWORD: http://127.0.0.1:\d+ refused user 'alice' \(HTTP 401\): this "
                  r"team.env is for another server"),
-    ("s3 key", r"team.env: AWS_ACCESS_KEY_ID: http://127.0.0.1:\d+ refused the key for bucket 'dvc' \(AccessDenied\)"),
+    ("s3 key", r"team.env: AWS_ACCESS_KEY_ID: http://127.0.0.1:\d+ refused the key for bucket 'dvc' \(InvalidAccessKeyId\)"),
     ("unreachable", r"team.env: MLFLOW_TRACKING_URI: http://127.0.0.1:9 does not answer as an MLflow tracking server"),
 ])
 def test_bad_team_env_is_one_line_naming_the_field_and_nothing_is_written(clone, fake, tmp_path, case, expected):

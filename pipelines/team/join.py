@@ -183,6 +183,9 @@ def check_bucket(path: Path, values: dict[str, str]) -> None:
         if code == "NoSuchBucket":
             raise TeamError(f"{path}: DVC_BUCKET: {endpoint} has no bucket {bucket!r}: this team.env is for another "
                             "server") from None
+        if code == "AccessDenied":  # a key the server knows, without rights on this bucket
+            raise TeamError(f"{path}: DVC_BUCKET: {endpoint} does not let this key use bucket {bucket!r} (AccessDenied): "
+                            "the bucket or the key is another team's; ask the lead for a new team.env") from None
         field = "AWS_SECRET_ACCESS_KEY" if code == "SignatureDoesNotMatch" else "AWS_ACCESS_KEY_ID"
         raise TeamError(f"{path}: {field}: {endpoint} refused the key for bucket {bucket!r} ({code or 'refused'}): "
                         "this team.env is for another server, or the key was removed; ask the lead for a new "
