@@ -124,7 +124,8 @@ def test_a_broken_settings_file_stops_rather_than_falling_back_to_mlflow_db(clon
     assert not (clone / "mlflow.db").exists()
 
 
-def test_a_tracked_stage_names_its_store_in_its_first_line_without_the_password(clone, capsys, monkeypatch):
+def test_a_tracked_stage_names_its_store_in_its_first_line_without_the_password(clone, capsys, monkeypatch,
+                                                                                  restore_logging):
     def main(argv):
         logging.getLogger("stage").info("working")
 
@@ -168,7 +169,7 @@ def test_bad_team_env_is_one_line_naming_the_field_and_nothing_is_written(clone,
     _nothing_written(clone)
 
 
-def test_make_team_join_without_team_env_is_one_line_exit_2(clone, capsys, monkeypatch):
+def test_make_team_join_without_team_env_is_one_line_exit_2(clone, capsys, monkeypatch, restore_logging):
     monkeypatch.chdir(clone)
     with pytest.raises(SystemExit) as stop:
         cli.run(join.main, ["--team-env", ""])
