@@ -9,8 +9,10 @@ and pulled into a fresh clone where nothing re-runs; the other's experiment hand
 evaluates it again without retraining; then outages (the database restarted under the server, the server
 stopped) and a foreground server on the same data. Skipped where PostgreSQL is not installed."""
 
+import contextlib
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -204,16 +206,53 @@ def test_the_database_password_is_in_no_command_line_state_or_log(server):
         assert password not in path.read_text(errors="replace")
 
 
+def _session(pid: int) -> list[Path]:
+    """The /proc folders of the processes of the session ``pid`` leads (the server's: ``start_new_session``)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == pid:
+                found.append(proc)
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
+def test_the_server_runs_unprivileged_and_its_state_is_readable_by_nobody_else(server):
+    """Started as root, the MLflow server and its workers run as the service user, which owns the folder (mode
+    0750, group postgres, which only traverses it) and what the server reads and writes; nothing in the folder
+    is readable by other users (the log and the artifacts included). As another user: the folder is 0700."""
+    folder, root = server["folder"], os.geteuid() == 0
+    uids = {int((proc / "status").read_text().split("\nUid:")[1].split()[0]) for proc in _session(server["pid"])}
+    assert uids == ({pwd.getpwnam("mlflow").pw_uid} if root else {os.geteuid()})
+    assert oct(folder.stat().st_mode & 0o777) == ("0o750" if root else "0o700")
+    owner = pwd.getpwnam("mlflow").pw_uid if root else os.geteuid()
+    assert {p.name for p in folder.iterdir() if p.stat().st_uid == owner} >= {"pgpass", "server.log"}
+    readable = [str(path) for path in folder.rglob("*") if not path.is_socket() and path.stat().st_mode & 0o004]
+    assert readable == []
+
+
+def test_the_database_role_is_no_superuser_and_owns_only_its_databases(server):
+    import psycopg
+
+    with psycopg.connect(host="127.0.0.1", port=server["postgres_port"], user="mlflow", dbname="mlflow",
+                         passfile=str(server["folder"] / "pgpass"), autocommit=True) as conn:
+        assert conn.execute("SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls FROM pg_roles "
+                            "WHERE rolname = current_user").fetchone() == (False, False, False, False, False)
+        owned = conn.execute("SELECT datname FROM pg_database WHERE datdba = "
+                             "(SELECT oid FROM pg_roles WHERE rolname = 'mlflow')").fetchall()
+        assert sorted(owned) == [("mlflow",), ("mlflow_auth",)]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CREATE ROLE intruder SUPERUSER")
+
+
 def test_the_server_runs_without_mlflows_job_runner(server):
     """Its session (``start_new_session``: the server's pid leads it) holds the server and its one worker, no
     huey consumer or job runner."""
     commands = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == server["pid"]:
-                commands.append((proc / "cmdline").read_bytes().decode(errors="replace").replace("\0", " "))
-        except OSError:  # gone meanwhile
-            pass
+    for proc in _session(server["pid"]):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            commands.append((proc / "cmdline").read_bytes().decode(errors="replace").replace("\0", " "))
     assert commands and any("mlflow server" in c or "uvicorn" in c for c in commands), commands
     assert not [c for c in commands if "huey" in c or "job_runner" in c], commands
 
@@ -291,6 +330,33 @@ def test_a_user_without_edit_or_with_a_wrong_password_stops_a_stage_at_once_in_o
             "MLFLOW_TRACKING_PASSWORD to a user with EDIT on experiment 'detection' (docs/team.md)"]
     allowed = _start_run(url, "team", server["credentials"]["MLFLOW_TRACKING_PASSWORD"])
     assert allowed.returncode == 0, allowed.stderr
+
+
+def _answer(url, user, password) -> int:
+    """The HTTP status of one API call as ``user``."""
+    import requests
+
+    return requests.get(f"{url}/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": "detection"},
+                        auth=(user, password), timeout=60).status_code
+
+
+def test_a_reset_password_replaces_the_old_one_and_a_removed_user_is_refused(server, monkeypatch):
+    """``user NAME --reset`` prints a new password once, and the old one gets 401 from then on; after ``user NAME
+    --remove`` the user gets 401. (The creation and removal in this process: the command's own MLflow login.)"""
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(name, "")  # the administrator's login below is this test's only
+    url, folder = server["url"], server["folder"]
+    old = mlflow_server.add_user(folder, "dave", experiment="detection")
+    assert _answer(url, "dave", old) == 200
+    reset = _server("--folder", str(folder), "user", "dave", "--reset", timeout=120)
+    assert reset.returncode == 0, reset.stderr
+    new = re.fullmatch(r"user dave: new password (\w+) \(shown once; the old one is refused from now on\)\n",
+                       reset.stdout)[1]
+    assert (_answer(url, "dave", old), _answer(url, "dave", new)) == (401, 200)
+    assert mlflow_server.change_user(folder, "dave", remove=True) == ""
+    assert _answer(url, "dave", new) == 401
+    with pytest.raises(mlflow_server.ServerError, match=f"^user --reset: there is no user 'dave' on {url}$"):
+        mlflow_server.change_user(folder, "dave", remove=False)
 
 
 def test_the_team_benchmark_times_both_stores_and_the_upload_through_the_server(as_team):
