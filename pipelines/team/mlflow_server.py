@@ -4,13 +4,16 @@
     python -m pipelines.team.mlflow_server --detach      # in the background; then:
     python -m pipelines.team.mlflow_server stop
 
-Everything it keeps is in ``--folder`` (default ``.tracking-server/``):
+Everything it keeps is in ``--folder`` (default :func:`default_folder`, outside the checkout: ``/var/lib/...``
+for root, the XDG data folder otherwise; mode 0700/0750, nothing in it readable by other users):
 
 * ``postgres/``: a private PostgreSQL cluster (Debian's ``postgresql``, ``initdb`` on first use)
   listening on a free port of ``--db-host`` (127.0.0.1 unless the database should be reachable from
   elsewhere), never the system's 5432. Run as root it runs as the ``postgres`` user, as PostgreSQL
-  requires. Its one role, ``mlflow``, has a random password kept in ``pgpass`` (mode 600), which the
-  MLflow server reads through libpq's ``PGPASSFILE``: it is in no URI, command line or log.
+  requires. Its administrator ``postgres`` has no password (the Unix socket in the private data folder
+  only); the server's role, ``mlflow``, is no superuser and owns its two databases only. Its random
+  password is kept in ``pgpass`` (mode 600), which the MLflow server reads through libpq's
+  ``PGPASSFILE``: it is in no URI, command line or log.
 * the ``mlflow`` database; where its schema is older than this MLflow's, ``mlflow db upgrade`` runs
   before the server starts (and says so).
 * ``artifacts/``: the runs' artifacts, or the ``--artifacts`` destination (an ``s3://`` bucket, with
@@ -18,6 +21,10 @@ Everything it keeps is in ``--folder`` (default ``.tracking-server/``):
   (``--serve-artifacts``): clients upload and download models and checkpoints through it and need
   neither the disk nor storage credentials.
 * ``server.log``: the MLflow server's output; ``server.json``: what runs, for ``stop`` and ``status``.
+
+Started as root, ``mlflow server`` runs as ``--service-user`` (``mlflow``, a system user made on first use), which
+owns the folder's log and artifacts; its Python must be outside private folders (:func:`server_python`).
+``user NAME --reset`` / ``--remove`` give a user a new password (printed once) or delete it.
 
 MLflow's job runner (huey consumers for its GenAI jobs, which no detection run uses) is off unless
 ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true`` is set: it adds processes and costs CPU at every start, for
