@@ -607,3 +607,38 @@ def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(
     assert "created a PostgreSQL cluster" not in out and out.rstrip().endswith("stopped")
     assert not _listening(port) and not _listening(state["postgres_port"])
     assert not (folder / "server.json").exists()
+
+
+def test_with_workspaces_read_means_read_and_edit_writes_its_experiment(server, monkeypatch):
+    """The server again on the same data, with ``--workspaces`` (MLflow's, with the default workspace granted at
+    the default permission): bob, READ (EDIT on another experiment only), reads the team's experiment but
+    creates no experiment, model or run in it; the team's user, EDIT on it, writes its runs there but creates
+    no experiment either. The setting is kept across a restart."""
+    import requests
+
+    folder = server["folder"]
+    mlflow_server.stop(folder)  # whatever the tests above left running
+    port = free_port()
+    started = _server("--folder", str(folder), "--port", str(port), "--auth", "--workspaces", "--workers", "1",
+                      "--detach")
+    assert started.returncode == 0, started.stderr
+    assert "workspaces: off -> on (--workspaces)" in started.stdout and "workspaces on" in started.stdout
+    assert mlflow_server.kept_workspaces(folder / "basic_auth.ini")
+    url = f"http://127.0.0.1:{port}"
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(name, "")  # the administrator's login below is this test's only
+    mlflow_server.add_user(folder, "bob", experiment="elsewhere")  # (made above where the module runs whole)
+    bob, team = (mlflow_server.change_user(folder, name, remove=False) for name in ("bob", "team"))
+    experiment = requests.get(f"{url}/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": "detection"},
+                              auth=("team", team), timeout=60).json()["experiment"]["experiment_id"]
+
+    def status(who, password, path, body):
+        return requests.post(f"{url}/api/2.0/mlflow/{path}", json=body, auth=(who, password), timeout=60).status_code
+
+    for who, password in (("bob", bob), ("team", team)):
+        assert _answer(url, who, password) == 200  # reads
+        assert status(who, password, "runs/search", {"experiment_ids": [experiment]}) == 200
+        assert status(who, password, "experiments/create", {"name": f"new-{who}"}) == 403
+        assert status(who, password, "registered-models/create", {"name": f"model-{who}"}) == 403
+    assert status("bob", bob, "runs/create", {"experiment_id": experiment}) == 403
+    assert status("team", team, "runs/create", {"experiment_id": experiment}) == 200

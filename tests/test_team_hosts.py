@@ -158,6 +158,9 @@ def test_the_default_permission_is_kept_across_restarts_until_given_again(tmp_pa
     assert str(err.value) == (f"{config}: default_permission = WRITE is not one of READ, EDIT, MANAGE, "
                               "NO_PERMISSIONS; correct it or pass --default-permission")
     assert write("READ") == "READ"
+    assert not mlflow_server.kept_workspaces(config)
+    mlflow_server.write_auth_config(tmp_path, database_uri="postgresql+psycopg://m@h:1/a", workspaces=True)
+    assert mlflow_server.kept_workspaces(config) and "grant_default_workspace_access = true\n" in config.read_text()
 
 
 def test_the_state_folder_defaults_outside_the_checkout_and_an_old_one_is_named_not_moved(tmp_path, monkeypatch):

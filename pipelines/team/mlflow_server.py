@@ -260,7 +260,21 @@ def kept_permission(config: Path) -> str | None:
     return parser.get("mlflow", "default_permission", fallback=None)
 
 
-def write_auth_config(folder: Path, *, database_uri: str, default_permission: str | None = None, say=print) -> str:
+WORKSPACES_KEY = "grant_default_workspace_access"
+
+
+def kept_workspaces(config: Path) -> bool:
+    """Whether ``config`` (``basic_auth.ini``) keeps workspaces on: it grants the default workspace (below)."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    with contextlib.suppress(configparser.Error, OSError):
+        parser.read(config)
+    return parser.getboolean("mlflow", WORKSPACES_KEY, fallback=False)
+
+
+def write_auth_config(folder: Path, *, database_uri: str, default_permission: str | None = None,
+                      workspaces: bool = False, say=print) -> str:
     """Write ``FOLDER/basic_auth.ini`` (the basic-auth app's settings, no secret in it); its default permission.
 
     ``default_permission`` None keeps what the file holds (a lead's ``--default-permission`` or hand edit survives
@@ -276,21 +290,29 @@ def write_auth_config(folder: Path, *, database_uri: str, default_permission: st
     config.write_text(f"[mlflow]\ndefault_permission = {permission}\n"
                       f"database_uri = {database_uri}\n"
                       f"admin_username = {ADMIN}\n"
-                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                      + (f"{WORKSPACES_KEY} = true\n" if workspaces else ""))
     return permission
 
 
-def _auth_environment(cluster: Cluster, port: int, *, default_permission: str | None,
-                      say) -> tuple[dict[str, str], str]:
+def _auth_environment(cluster: Cluster, port: int, *, default_permission: str | None, workspaces: bool | None,
+                      say) -> tuple[dict[str, str], str, bool]:
     """The basic-auth app's settings (its users in the ``mlflow_auth`` database, :func:`write_auth_config`), the
-    admin's password from ``FOLDER/admin-password`` (through the environment, never a file it reads); and the
-    default permission."""
+    admin's password from ``FOLDER/admin-password`` (through the environment, never a file it reads); the
+    default permission and whether workspaces are on (``workspaces`` None: as the last start had them)."""
     cluster.ensure_database(port, AUTH_DATABASE)
+    kept = kept_workspaces(cluster.folder / "basic_auth.ini")
+    if workspaces is None:
+        workspaces = kept
+    elif workspaces != kept:
+        say(f"workspaces: {'off -> on' if workspaces else 'on -> off'} (--{'' if workspaces else 'no-'}workspaces)")
     permission = write_auth_config(cluster.folder, default_permission=default_permission, say=say,
+                                   workspaces=workspaces,
                                    database_uri=f"postgresql+psycopg://{ROLE}@{cluster.host}:{port}/{AUTH_DATABASE}")
     return {"MLFLOW_AUTH_CONFIG_PATH": str(cluster.folder / "basic_auth.ini"),
             "MLFLOW_AUTH_ADMIN_PASSWORD": _secret(cluster.folder / "admin-password"),
-            "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(cluster.folder / "flask-secret")}, permission  # its CSRF key
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(cluster.folder / "flask-secret"),  # its CSRF key
+            "MLFLOW_ENABLE_WORKSPACES": "true" if workspaces else "false"}, permission, workspaces
 
 
 def secure(host: str, auth: bool, say=print) -> bool:
@@ -531,11 +553,13 @@ class Server:
     workers: int = 1
     default_permission: str | None = None  # with auth: new users'
     service_user: str = ""  # started as root: the unprivileged user that runs it
+    workspaces: bool = False  # with auth: MLflow's workspaces, under which READ is read-only
 
     def describe(self) -> str:
         listens = f"listening on {self.local_url}, " if self.local_url and self.local_url != self.url else ""
         listens += f"as user {self.service_user}, " if self.service_user else ""
         auth = f"auth on, new users {self.default_permission}" if self.auth else "no auth"
+        auth += ", workspaces on (creating needs a grant)" if self.workspaces else ""
         return (f"MLflow tracking server at {self.url} ({listens}{auth}, {self.workers} worker"
                 f"{'s' if self.workers != 1 else ''}, PostgreSQL on port {self.postgres_port}, artifacts in "
                 f"{self.artifacts}); clients: export MLFLOW_TRACKING_URI={self.url}")
@@ -560,7 +584,7 @@ def _warm_up(url: str, admin: tuple[str, str] | None) -> None:
 
 def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts: str | None = None,
           auth: bool = False, db_host: str = "127.0.0.1", public_url: str | None = None, workers: int | None = None,
-          default_permission: str | None = None, service_user: str = SERVICE_USER,
+          default_permission: str | None = None, service_user: str = SERVICE_USER, workspaces: bool | None = None,
           say=print) -> tuple[Server, subprocess.Popen]:
     """Start PostgreSQL and ``mlflow server`` on it; the server and its process (in a session of its own).
 
@@ -578,6 +602,8 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
     if default_permission and not auth:
         raise ServerError(f"--default-permission {default_permission}: auth is off (a loopback --host without --auth); "
                           "add --auth")
+    if workspaces and not auth:
+        raise ServerError("--workspaces: auth is off (a loopback --host without --auth); add --auth")
     public = public_url or address.default_public_url(host, port)
     local = address.local_url(host, port)
     workers = workers or default_workers()
@@ -599,7 +625,8 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
             _run([_mlflow_command(), "db", "upgrade", cluster.uri(pg_port)], "mlflow db upgrade", env)
         permission = None
         if auth:
-            auth_env, permission = _auth_environment(cluster, pg_port, default_permission=default_permission, say=say)
+            auth_env, permission, workspaces = _auth_environment(cluster, pg_port, default_permission=default_permission,
+                                                                 workspaces=workspaces, say=say)
             env.update(auth_env)
         destination = artifacts or (folder / "artifacts").as_uri()
         secure_folder(folder, account, local_artifacts=not artifacts)
@@ -612,7 +639,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
                    "--allowed-hosts", address.allowed_hosts(public, host=host, port=port),
                    "--cors-allowed-origins", address.origin(public)]
         if auth:
-            command += ["--app-name", "basic-auth"]
+            command += ["--app-name", "basic-auth", "--enable-workspaces" if workspaces else "--disable-workspaces"]
         umask = os.umask(0o077)  # what the server writes (artifacts, its files) is its own: inherited at fork
         try:
             process = TRACKING.spawn(command, folder=folder, env=env, ready=lambda: _healthy(local),
@@ -624,7 +651,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         cluster.stop()
         raise
     server = Server(url=public, pid=process.pid, postgres_port=pg_port, artifacts=destination, auth=auth,
-                    local_url=local, workers=workers, default_permission=permission,
+                    local_url=local, workers=workers, default_permission=permission, workspaces=bool(workspaces),
                     service_user=account.name if account else "")
     service.write_state(folder, vars(server))
     (folder / service.STATE).chmod(0o600)  # no secret, but nobody else's business either
@@ -662,6 +689,9 @@ def main(argv: list[str] | None = None) -> None:
                              "then kept across restarts until given again)")
     parser.add_argument("--workers", type=worker_count,
                         help=f"server processes (default: one per core, at most 4; here {default_workers()})")
+    parser.add_argument("--workspaces", action=argparse.BooleanOptionalAction,
+                        help="with auth: MLflow's workspaces, under which a user without a grant may read but not "
+                             "create experiments or models (kept across restarts until given again; first: off)")
     parser.add_argument("--service-user", default=SERVICE_USER, metavar="USER",
                         help="started as root: the unprivileged user that runs the MLflow server, created if missing "
                              "(default %(default)s; root: keep root)")
@@ -699,7 +729,8 @@ def main(argv: list[str] | None = None) -> None:
     def start_it() -> tuple[str, subprocess.Popen]:
         server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts, auth=args.auth,
                                 public_url=args.public_url, workers=args.workers,
-                                default_permission=args.default_permission, service_user=args.service_user)
+                                default_permission=args.default_permission, service_user=args.service_user,
+                                workspaces=args.workspaces)
         return server.describe(), process
 
     TRACKING.serve(args.folder, start_it, detach=args.detach, stop=stop)
