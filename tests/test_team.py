@@ -3,11 +3,13 @@ a real S3 server (SeaweedFS, ``python -m pipelines.team.s3_server``) holding the
 server's artifacts, and the shared tracking server (``python -m pipelines.team.mlflow_server``: a private
 PostgreSQL cluster on a schema an older MLflow left, ``mlflow server --auth`` with proxied artifacts).
 
-In order: the server itself (upgrade, artifacts through the server into the bucket, secrets, refusals); the
+In order: the server itself (upgrade, artifacts through the server into the bucket, secrets, an unprivileged
+server on a private folder, a database role that is no superuser, refusals, password reset and removal); the
 team benchmark; two clones and a ``dvc queue start -j 2`` sweep writing at once; one clone's results pushed
 and pulled into a fresh clone where nothing re-runs; the other's experiment handed to a colleague who
 evaluates it again without retraining; then outages (the database restarted under the server, the server
-stopped) and a foreground server on the same data. Skipped where PostgreSQL is not installed."""
+stopped), a foreground server on the same data and one with workspaces, under which READ is read-only.
+Skipped where PostgreSQL is not installed."""
 
 import contextlib
 import json
