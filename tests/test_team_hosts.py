@@ -6,8 +6,10 @@ permission kept across restarts. The servers themselves: tests/test_team.py."""
 
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -195,6 +197,34 @@ def test_a_users_state_folder_is_private(tmp_path):
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()} == {
         "pgpass": "0o600", "server.log": "0o600", "artifacts": "0o700"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the service user exists where root starts the server")
+def test_s3_credentials_out_of_the_service_users_reach_are_copied_into_its_folder(tmp_path):
+    tmp_path = Path(tempfile.mkdtemp(prefix="service-credentials-"))  # not pytest's: private to root
+    tmp_path.chmod(0o755)
+    try:
+        _copied_credentials(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path)
+
+
+def _copied_credentials(tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "mlflow.credentials").write_text("[default]\naws_access_key_id = k\n")
+    folder = tmp_path / "state"
+    account = mlflow_server.service_account("mlflow", say=lambda line: None)
+    mlflow_server.own_folder(folder, account)
+    env, said = {"AWS_SHARED_CREDENTIALS_FILE": str(private / "mlflow.credentials")}, []
+    mlflow_server.service_credentials(env, folder, account, said.append)
+    copy = folder / "s3.credentials"
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == str(copy) and copy.read_text().endswith("k\n")
+    assert (copy.stat().st_uid, oct(copy.stat().st_mode & 0o777)) == (account.uid, "0o600")
+    assert account.can("test", "-r", str(copy)) and len(said) == 1 and str(private) in said[0]
+    env = {"AWS_SHARED_CREDENTIALS_FILE": str(copy)}
+    mlflow_server.service_credentials(env, folder, account, said.append)  # within reach: used as it is
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == str(copy) and len(said) == 1
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -423,6 +423,23 @@ def secure_folder(folder: Path, account: Account | None, *, local_artifacts: boo
                           "another --folder")
 
 
+def service_credentials(env: dict[str, str], folder: Path, account: Account | None, say=print) -> None:
+    """Where the server's S3 credentials file (``AWS_SHARED_CREDENTIALS_FILE``, else root's ``~/.aws/credentials``)
+    is out of the service user's reach: a copy in ``FOLDER/s3.credentials`` (mode 600, the user's), which ``env``
+    then names, said in one line. (The server's ``HOME`` is the folder, so root's own would not be found.)"""
+    if account is None:
+        return
+    given = env.get("AWS_SHARED_CREDENTIALS_FILE")
+    source = Path(given) if given else Path.home() / ".aws" / "credentials"
+    if not source.is_file() or (given and account.can("test", "-r", given)):
+        return
+    copy = folder / "s3.credentials"
+    service.write_secret(copy, source.read_text())
+    _chown(copy, account)
+    env["AWS_SHARED_CREDENTIALS_FILE"] = str(copy)
+    say(f"the S3 credentials in {source} are out of user {account.name}'s reach: the server reads a copy, {copy}")
+
+
 def _private_above(path: Path, account: Account) -> Path:
     """The first folder above ``path`` that ``account`` cannot enter (for the message)."""
     for above in reversed(path.parents):
@@ -634,6 +651,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         env.update(python_env)
         if account:
             env.update(HOME=str(folder), USER=account.name, LOGNAME=account.name)
+            service_credentials(env, folder, account, say)
         command = [*mlflow_command, "server", "--host", host, "--port", str(port), "--workers", str(workers),
                    "--serve-artifacts", "--artifacts-destination", destination,
                    "--allowed-hosts", address.allowed_hosts(public, host=host, port=port),
