@@ -8,7 +8,7 @@ PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install pipeline test doctor search lock tracking-server s3-server
+.PHONY: install pipeline test doctor search lock tracking-server s3-server team-join
 
 # Every dependency at its locked version, then the project itself (editable, deps already there).
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -58,6 +58,12 @@ S3_PORT ?= 9000
 S3_PUBLIC_URL ?=
 s3-server: install
 	python -m pipelines.team.s3_server --host $(HOST) --port $(S3_PORT) $(if $(S3_PUBLIC_URL),--public-url $(S3_PUBLIC_URL)) $(ARGS)
+
+# A teammate, after git clone: make team-join TEAM_ENV=path/to/team.env (mode 600, from the lead) checks it
+# against both servers, writes .dvc/config.local and .team/settings.json (git-ignored), then dvc pull dvc.yaml.
+TEAM_ENV ?=
+team-join: install
+	python -m pipelines.team.join --team-env "$(TEAM_ENV)" $(ARGS)
 
 # After editing pyproject.toml: newest releases that satisfy it (Linux x86_64, Python 3.11).
 lock: install

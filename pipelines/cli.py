@@ -68,8 +68,12 @@ def setup_logging(rank: int = 0) -> None:
     )
 
 
-def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
+def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None, *, tracked: bool = False) -> None:
     """Run a stage's ``main``; an error becomes one line, ``error: <message>``, and an exit code.
+
+    ``tracked`` (a stage that records into MLflow): its first log line, on the main process, names the
+    store it uses and why (:func:`pipelines.tracking.store.announce`), so that a clone that joined a team
+    never records into its own ``mlflow.db`` unnoticed.
 
     A :class:`PipelineError` exits with its ``exit_code`` (2), a :class:`Stopped` with 128 + the signal's
     number (SIGTERM, SIGINT or SIGHUP, which every stage reads alike); any other
@@ -90,6 +94,10 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None)
     code: int | str | None = 0
     try:
         with logging_redirect_tqdm():  # a log record goes above the progress bar, not after its text on its line
+            if tracked and rank == 0:
+                from .tracking.store import announce
+
+                announce()
             main(argv)
             raise_if_stopped()  # a stop a finaliser swallowed still ends the run as a stop
     except (PipelineError, Stopped, Exception) as err:

@@ -41,6 +41,10 @@ class SearchError(PipelineError):
     """A policy search's result is missing, unfinished, or its files are of different searches."""
 
 
+class TeamError(PipelineError):
+    """A ``team.env`` (``make team-join``) or a joined clone's team settings file cannot be used."""
+
+
 class OutputError(PipelineError):
     """An output folder cannot be written: not a folder, not writable, or not enough free space."""
 

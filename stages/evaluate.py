@@ -104,4 +104,4 @@ def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: 
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, tracked=True)

@@ -104,4 +104,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, tracked=True)

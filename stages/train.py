@@ -100,4 +100,4 @@ def _artifacts(args, *, checkpoints: bool):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, tracked=True)

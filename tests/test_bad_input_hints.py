@@ -1,8 +1,7 @@
 """Issue 38, classes 6 and 7: the servers' own arguments, and hints that point the wrong way. Each bad input stops
 with one line naming the argument, key or variable and what was expected (exit code 2), checked where it enters:
 the servers' parsers and the reading of their logs, params typing and validation, compose's overrides, the
-launcher's fit of ``train.nproc`` and the tracking store's URI. Unit-level: no server runs here except one
-``weed mini`` that fails at once on a port in use."""
+launcher's fit of ``train.nproc`` and the tracking store's URI. Unit-level: no server runs here."""
 
 from __future__ import annotations
 
@@ -58,12 +57,13 @@ PUBLIC = "expected http(s)://NAME[:PORT][/PATH], the address teammates reach the
      f"'under_score' is not a host name or address; {PUBLIC}"),
     (mlflow_server, ["--workers", "0"], "argument --workers: expected a number of server processes from 1 to 64, "
                                         "got '0'"),
+    (s3_server, ["user"], "user: give the user's name"),
     (mlflow_server, ["--default-permission", "WRITE"], "argument --default-permission: invalid choice: 'WRITE' "
                                                        "(choose from 'READ', 'EDIT', 'MANAGE', 'NO_PERMISSIONS')"),
 ], ids=["tracking-port-70000", "s3-port-negative", "s3-port-0", "port-float", "folder-a-file", "folder-under-a-file",
         "host-unresolved", "host-of-another-machine", "user-without-name", "public-url-no-scheme",
         "public-url-port-out-of-range", "public-url-with-password", "public-url-wildcard", "public-url-bad-name",
-        "workers-0", "default-permission-unknown"])
+        "s3-user-without-name", "workers-0", "default-permission-unknown"])
 def test_server_arguments_are_checked_where_they_enter(tmp_path, capsys, server, args, expected):
     file = tmp_path / "a-file"
     file.write_text("")
@@ -161,6 +161,22 @@ def test_default_permission_without_auth_is_refused_before_postgres_starts(tmp_p
     assert str(err.value) == ("--default-permission NO_PERMISSIONS: auth is off (a loopback --host without --auth); "
                               "add --auth")
     assert not (tmp_path / "server").exists()
+
+
+def test_the_s3_server_off_loopback_needs_its_public_url_and_users_must_exist(tmp_path):
+    """Off loopback the bind address is not what teammates reach (0.0.0.0, or an address behind a name): the
+    URL they use is asked for. Removing a user nobody made names the folder and who exists."""
+    with pytest.raises(s3_server.S3ServerError) as err:
+        s3_server.start(tmp_path / "s3", host="0.0.0.0", port=9000)
+    assert str(err.value) == ("--public-url: required with --host 0.0.0.0: the address teammates reach this "
+                              "server by, e.g. --public-url http://s3.example:9000")
+    assert not (tmp_path / "s3").exists()
+    with pytest.raises(s3_server.S3ServerError) as err:
+        s3_server.user(tmp_path / "s3", "bob", remove=True)
+    assert str(err.value) == f"user bob: no such S3 user in {(tmp_path / 's3').resolve()} (users: none)"
+    with pytest.raises(s3_server.S3ServerError) as err:
+        s3_server.user(tmp_path / "s3", "Bob;rm")
+    assert str(err.value).startswith("user: 'Bob;rm' is not a user name")
 
 
 # --- class 7: hints that point the wrong way ---------------------------------------------------------------------

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -82,24 +84,175 @@ def _password(line: str) -> str:
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    """The S3 server: its folder, the ``dvc remote`` commands it printed, its endpoint and credentials."""
+    """The S3 server, its S3 port on every interface (``--host 0.0.0.0``; its other ports on 127.0.0.1), reached
+    at 127.0.0.1, and a teammate's key: its folder, the ``dvc remote`` commands it and ``user team`` printed (the
+    teammate's credentials file through ``credentialpath``), its endpoint, the teammate's and the admin's keys."""
     folder = tmp_path_factory.mktemp("s3")
-    started = subprocess.run([sys.executable, "-m", "pipelines.team.s3_server", "--folder", str(folder), "--port",
-                              str(free_port()), "--detach"], capture_output=True, text=True, timeout=120)
+    port = free_port()
+    started = _s3_server("--folder", str(folder), "--host", "0.0.0.0", "--port", str(port), "--public-url",
+                         f"http://127.0.0.1:{port}", "--detach")
     assert started.returncode == 0, started.stderr
-    commands = [line.strip() for line in started.stdout.splitlines() if line.strip().startswith("dvc remote")]
-    keys = s3_server.credentials(folder)
-    yield {"folder": folder, "commands": commands, "keys": keys,
-           "endpoint": json.loads((folder / "server.json").read_text())["endpoint"]}
-    s3_server.stop(folder)
+    try:
+        user = _s3_server("user", "team", "--folder", str(folder))
+        assert user.returncode == 0, user.stderr
+        credentials = folder / "users" / "team.credentials"
+        commands = [line.strip().replace("/path/to/team.credentials", str(credentials))
+                    for line in (started.stdout + user.stdout).splitlines() if line.strip().startswith("dvc remote")]
+        keys = re.findall(r"aws_access_key_id = (\w+)\s+aws_secret_access_key = (\w+)", user.stdout)
+        assert keys == re.findall(r"aws_access_key_id = (\w+)\s+aws_secret_access_key = (\w+)", credentials.read_text())
+        yield {"folder": folder, "commands": commands, "keys": keys[0], "admin": s3_server.credentials(folder),
+               "endpoint": json.loads((folder / "server.json").read_text())["endpoint"], "started": started.stdout}
+    finally:
+        s3_server.stop(folder)
 
 
-def _bucket(s3):
+def _s3_server(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "pipelines.team.s3_server", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _bucket(s3, keys=None):
     import boto3
 
-    access_key, secret_key = s3["keys"]
+    access_key, secret_key = keys or s3["admin"]
     return boto3.client("s3", endpoint_url=s3["endpoint"], aws_access_key_id=access_key,
                         aws_secret_access_key=secret_key, region_name="us-east-1")
+
+
+def _listening_ports(leader: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket listening in the session that ``leader`` leads (/proc: the process
+    this module started and whatever it started)."""
+    inodes = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == leader:
+                inodes |= {os.readlink(fd)[8:-1] for fd in (proc / "fd").iterdir()
+                           if os.readlink(fd).startswith("socket:[")}
+        except OSError:  # gone meanwhile
+            pass
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                address, port = fields[1].split(":")
+                raw = bytes.fromhex(address)
+                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # host order per 32-bit word
+                found.add((socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words),
+                           int(port, 16)))
+    return found
+
+
+def _outside_address() -> str | None:
+    """An address of this machine other than loopback (the one its default route leaves by), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def _answer(address: str, port: int) -> str:
+    """What an anonymous client gets from ``address:port``: how a TLS handshake without a client certificate
+    ended where the port speaks TLS (gRPC), else the HTTP status of ``GET /``."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((address, port), timeout=5) as raw, context.wrap_socket(raw) as tls:
+            tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            return f"TLS answered {tls.recv(64)!r}"
+    except ssl.SSLError as err:
+        if "ALERT" in (err.reason or ""):
+            return "TLS refused: " + err.reason
+    except OSError as err:
+        return f"no answer: {err}"
+    try:  # not TLS
+        with urllib.request.urlopen(f"http://{address}:{port}/", timeout=5) as response:
+            return str(response.status)
+    except urllib.error.HTTPError as err:
+        return str(err.code)
+    except (urllib.error.URLError, OSError) as err:
+        return f"no answer: {err}"
+
+
+def _loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
+
+
+def test_only_the_s3_port_answers_other_hosts_and_only_with_a_key(s3):
+    """Every port the S3 server's two processes listen on: all but S3's HTTP and gRPC ports on 127.0.0.1; from
+    a non-loopback address of this machine, S3 refuses an unsigned request (403) and its gRPC port a client without
+    the server's certificate (it accepts identity updates otherwise); on loopback, the volume server and filer
+    refuse an unsigned request (401). WebDAV, Iceberg, Lance, metrics and debug ports are not open at all."""
+    state = json.loads((s3["folder"] / "server.json").read_text())
+    port = int(state["endpoint"].rsplit(":", 1)[1])
+    ports = _listening_ports(state["pid"]) | _listening_ports(state["s3_pid"])  # the store's, the S3 gateway's
+    outside = {(a, p) for a, p in ports if not _loopback(a)}
+    assert {p for _, p in outside} == {port, int(re.search(r"-port\.grpc=(\d+)", Path(
+        f"/proc/{state['s3_pid']}/cmdline").read_text().replace("\0", " "))[1])}, ports
+    assert {a for a, _ in outside} <= {"0.0.0.0", "::"}, outside  # --host 0.0.0.0
+    assert len(ports - outside) == 8, ports  # master, volume server, filer, admin server: HTTP and gRPC each
+    address = _outside_address() or "127.0.0.1"
+    for _, p in outside:
+        expected = "403" if p == port else "TLS refused: TLSV13_ALERT_CERTIFICATE_REQUIRED"
+        assert _answer(address, p) == expected, (address, p)
+    loopback = {p: _answer("127.0.0.1", p) for _, p in ports - outside}
+    refused = "TLS refused: TLSV13_ALERT_CERTIFICATE_REQUIRED"
+    # on 127.0.0.1 only: the master's status page, the admin server's /health and /metrics (its UI off: 404 at
+    # /); the volume server and filer want a JWT; every gRPC port a certificate
+    assert sorted(loopback.values()) == ["200", "401", "401", "404", refused, refused, refused, refused], loopback
+    assert oct(s3["folder"].stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_teammates_key_writes_the_dvc_bucket_and_nothing_else(s3):
+    """The teammate's key puts, reads, lists and deletes objects of the DVC bucket; it cannot delete the bucket,
+    make one, or touch the MLflow bucket, and not even the admin deletes a bucket that is not empty. Its secret is
+    in its credentials file (mode 600), not in the server's log or command line; a removed user's key is
+    refused at once, and a second removal is one line."""
+    from botocore.exceptions import ClientError
+
+    def refused(call, **kwargs) -> str:
+        with pytest.raises(ClientError) as err:
+            call(**kwargs)
+        return err.value.response["Error"]["Code"]
+
+    team = _bucket(s3, s3["keys"])
+    team.put_object(Bucket="dvc", Key="files/md5/00/probe", Body=b"probe")
+    assert team.get_object(Bucket="dvc", Key="files/md5/00/probe")["Body"].read() == b"probe"
+    assert refused(team.delete_bucket, Bucket="dvc") == "AccessDenied"
+    assert refused(team.create_bucket, Bucket="other") == "AccessDenied"
+    assert refused(team.put_object, Bucket="mlflow", Key="artifacts/x", Body=b"x") == "AccessDenied"
+    assert refused(team.list_objects_v2, Bucket="mlflow") == "AccessDenied"
+    assert refused(_bucket(s3).delete_bucket, Bucket="dvc") == "BucketNotEmpty"
+    team.delete_object(Bucket="dvc", Key="files/md5/00/probe")
+    folder, secret = s3["folder"], s3["keys"][1]
+    assert oct((folder / "users" / "team.credentials").stat().st_mode & 0o777) == "0o600"
+    state = json.loads((folder / "server.json").read_text())
+    for text in ((folder / "server.log").read_text(errors="replace"), s3["started"],
+                 Path(f"/proc/{state['pid']}/cmdline").read_text(), Path(f"/proc/{state['s3_pid']}/cmdline").read_text()):
+        assert secret not in text and s3["admin"][1] not in text
+
+    made = _s3_server("user", "carol", "--folder", str(folder))
+    assert made.returncode == 0, made.stderr
+    carol = re.findall(r"aws_access_key_id = (\w+)\s+aws_secret_access_key = (\w+)", made.stdout)[0]
+    assert _bucket(s3, carol).list_objects_v2(Bucket="dvc")["ResponseMetadata"]["HTTPStatusCode"] == 200
+    removed = _s3_server("user", "carol", "--remove", "--folder", str(folder))
+    assert removed.returncode == 0 and "their key is refused" in removed.stdout, removed.stderr
+    assert refused(_bucket(s3, carol).list_objects_v2, Bucket="dvc") == "InvalidAccessKeyId"
+    again = _s3_server("user", "carol", "--remove", "--folder", str(folder))
+    assert (again.returncode, again.stderr.splitlines()) == (
+        2, [f"error: user carol: no such S3 user in {folder.resolve()} (users: team)"])
+    second = _s3_server("--folder", str(folder), "--port", str(free_port()), "--detach")
+    assert (second.returncode, len(second.stderr.splitlines())) == (2, 1) and "runs already" in second.stderr
+    assert _bucket(s3, s3["keys"]).head_bucket(Bucket="dvc")  # the teammate's key still works
 
 
 def _older_schema(folder: Path) -> str:
@@ -136,15 +289,15 @@ def server(s3):
     base = Path(tempfile.mkdtemp(prefix="tracking-team-"))
     base.chmod(0o755)
     folder = base / "server"
-    access_key, secret_key = s3["keys"]
-    env = {**_env(), "MLFLOW_S3_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": access_key,
-           "AWS_SECRET_ACCESS_KEY": secret_key}
+    # the MLflow server's own key, limited to its bucket, from the file the S3 server wrote
+    env = {**_env(), "MLFLOW_S3_ENDPOINT_URL": s3["endpoint"],
+           "AWS_SHARED_CREDENTIALS_FILE": str(s3["folder"] / "mlflow.credentials")}
     try:  # stopped however the set-up ends: a failed assertion must not leave the servers running
         older = _older_schema(folder)
         port = free_port()
         public = f"http://{PUBLIC_NAME}:{port}"  # the name teammates use; this machine reaches it on 127.0.0.1
         started = _server("--folder", str(folder), "--port", str(port), "--public-url", public, "--workers", "1",
-                          "--auth", "--artifacts", "s3://dvc/mlflow", "--detach", env=env)
+                          "--auth", "--artifacts", "s3://mlflow/artifacts", "--detach", env=env)
         assert started.returncode == 0, started.stderr
         assert started.stdout.rstrip().endswith(f"export MLFLOW_TRACKING_URI={public}")  # the public URL, not 127.0.0.1
         head = mlflow_server.head_revision()
@@ -191,9 +344,9 @@ def test_runs_go_to_postgresql_and_artifacts_through_the_server_into_the_bucket(
     assert client.get_experiment_by_name("team").artifact_location.startswith("mlflow-artifacts:")  # the server's
     assert client.get_run(tracker.run_id).data.metrics["train/loss"] == 0.5
     bucket = _bucket(s3)
-    (key,) = [o["Key"] for o in bucket.list_objects_v2(Bucket="dvc", Prefix="mlflow/")["Contents"]
+    (key,) = [o["Key"] for o in bucket.list_objects_v2(Bucket="mlflow", Prefix="artifacts/")["Contents"]
               if o["Key"].endswith(f"{tracker.run_id}/artifacts/model/model_final.pth")]
-    assert bucket.get_object(Bucket="dvc", Key=key)["Body"].read() == model.read_bytes()  # uploaded through it
+    assert bucket.get_object(Bucket="mlflow", Key=key)["Body"].read() == model.read_bytes()  # uploaded through it
     with psycopg.connect(host="127.0.0.1", port=as_team["postgres_port"], user="mlflow", dbname="mlflow",
                          passfile=str(as_team["folder"] / "pgpass")) as conn:
         assert conn.execute("SELECT status FROM runs WHERE run_uuid = %s", (tracker.run_id,)).fetchone() == ("FINISHED",)
@@ -475,7 +628,8 @@ def test_push_then_pull_into_a_fresh_clone_runs_nothing_again(writers, s3, tmp_p
     _run(first, "dvc", "push")
     for tracked in (".dvc/config", "dvc.lock", "params.yaml"):
         assert secret_key not in (first / tracked).read_text() and access_key not in (first / tracked).read_text()
-    assert secret_key in (first / ".dvc" / "config.local").read_text()
+    local = (first / ".dvc" / "config.local").read_text()  # the teammate's credentials file, not its secret
+    assert "credentialpath" in local and secret_key not in local
     assert secret_key not in _run(first, "git", "log", "-p").stdout
 
     # an unreachable remote: one error line naming it, nothing lost locally, the next push goes through
@@ -541,7 +695,7 @@ def test_an_experiment_moves_to_a_colleague_who_evaluates_it_again_without_retra
                                        "tags.`pipeline.stage` = 'evaluate' and params.`evaluate.backend` = 'pycocotools'")
     assert evaluation.data.tags["training_run_id"] == trained
     assert client.get_run(trained).data.tags["dvc.exp_name"] == "clone-two"  # Alice's training run
-    stored = [o["Key"] for o in _bucket(s3).list_objects_v2(Bucket="dvc", Prefix="mlflow/")["Contents"]]
+    stored = [o["Key"] for o in _bucket(s3).list_objects_v2(Bucket="mlflow", Prefix="artifacts/")["Contents"]]
     assert any(k.endswith(f"{trained}/artifacts/model/model_final.pth") for k in stored), stored
 
 

@@ -53,9 +53,10 @@ def test_mlflow_admits_the_public_name_this_machine_and_the_bind_address_only(pu
 
 
 def test_the_printed_addresses_are_the_public_ones(tmp_path):
-    s3 = s3_server.S3Server(endpoint="http://s3.example:9000", bucket="dvc", pid=1, local="http://127.0.0.1:9000")
-    text = s3_server.describe(s3, tmp_path)
-    assert "S3 server at http://s3.example:9000 (listening on http://127.0.0.1:9000)" in text
+    s3 = s3_server.S3Server(endpoint="http://s3.example:9000", bind="http://127.0.0.1:9000", bucket="dvc",
+                            mlflow_bucket="mlflow", pid=1, s3_pid=2)
+    text = s3_server.describe(s3, tmp_path, host="0.0.0.0", port=9000)
+    assert text.startswith("S3 server at http://s3.example:9000 (listening on 0.0.0.0:9000; ")
     assert "  dvc remote modify team endpointurl http://s3.example:9000" in text.splitlines()
     tracking = mlflow_server.Server(url="http://tracking.example:5000", pid=1, postgres_port=2, artifacts="s3://a",
                                     auth=True, local_url="http://127.0.0.1:5000", workers=2, default_permission="READ")

@@ -1,7 +1,8 @@
 """The MLflow store, within bounds: every call that can wait on it, and where it is.
 
 The store defaults to ``sqlite:///<repository root>/mlflow.db`` with artifacts in
-``<repository root>/mlartifacts``; ``MLFLOW_TRACKING_URI`` overrides. The repository root is
+``<repository root>/mlartifacts``; ``MLFLOW_TRACKING_URI`` overrides, and so does, where that is not set,
+the team settings file of a clone that joined a team (``make team-join``, :mod:`pipelines.team.settings`). The repository root is
 ``DVC_ROOT`` when DVC sets it, and the main repository when DVC runs a queued experiment in
 ``.dvc/tmp/exps/...`` (which is deleted afterwards). :func:`get_run`, :func:`find_runs` and
 :func:`store_status` serve the ``stages.lineage`` command and the machine report.
@@ -105,7 +106,28 @@ def repo_root() -> Path:
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+    """The store: ``MLFLOW_TRACKING_URI``, else a joined clone's team settings (:mod:`pipelines.team.settings`,
+    whose user and password then go into the environment where it has none), else the repository's
+    ``mlflow.db``. A team settings file that cannot be read raises :class:`~pipelines.errors.TeamError`."""
+    return store_source()[0]
+
+
+def store_source() -> tuple[str, str]:
+    """:func:`tracking_uri` and where it comes from, in words (for :func:`announce`)."""
+    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
+        return uri, "MLFLOW_TRACKING_URI"
+    from ..team import settings
+
+    root = repo_root()
+    if uri := settings.apply(root):
+        return uri, f"team settings {settings.path(root)}, user {os.environ.get('MLFLOW_TRACKING_USERNAME')!r}"
+    return f"sqlite:///{root / 'mlflow.db'}", "the repository's own; no MLFLOW_TRACKING_URI, no team settings"
+
+
+def announce() -> None:
+    """Log which store this stage records into (its first line; userinfo shown as ``***``)."""
+    uri, source = store_source()
+    log.info("tracking store %s (%s)", address(uri), source)
 
 
 def refuse_file_store(uri: str) -> None:
