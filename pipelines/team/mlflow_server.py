@@ -522,7 +522,13 @@ def add_user(folder: Path, name: str, *, experiment: str) -> str:
         if "already exists" not in str(err):
             raise ServerError(f"creating user {name!r}: {err.message}") from None
         password = ""
-    users.grant_user_permission(name, "experiment", experiment_id, "EDIT")
+    try:
+        users.grant_user_permission(name, "experiment", experiment_id, "EDIT")
+    except MlflowException as err:
+        if "already exists" not in str(err):
+            raise ServerError(f"granting user {name!r} EDIT on {experiment!r}: {err.message}") from None
+        users.revoke_user_permission(name, "experiment", experiment_id)  # whatever it was: EDIT now
+        users.grant_user_permission(name, "experiment", experiment_id, "EDIT")
     return password
 
 
