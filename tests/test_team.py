@@ -487,7 +487,7 @@ def test_a_user_without_edit_or_with_a_wrong_password_stops_a_stage_at_once_in_o
     assert allowed.returncode == 0, allowed.stderr
 
 
-def _answer(url, user, password) -> int:
+def _status_as(url, user, password) -> int:
     """The HTTP status of one API call as ``user``."""
     import requests
 
@@ -502,14 +502,14 @@ def test_a_reset_password_replaces_the_old_one_and_a_removed_user_is_refused(ser
         monkeypatch.setenv(name, "")  # the administrator's login below is this test's only
     url, folder = server["url"], server["folder"]
     old = mlflow_server.add_user(folder, "dave", experiment="detection")
-    assert _answer(url, "dave", old) == 200
+    assert _status_as(url, "dave", old) == 200
     reset = _server("--folder", str(folder), "user", "dave", "--reset", timeout=120)
     assert reset.returncode == 0, reset.stderr
     new = re.fullmatch(r"user dave: new password (\w+) \(shown once; the old one is refused from now on\)\n",
                        reset.stdout)[1]
-    assert (_answer(url, "dave", old), _answer(url, "dave", new)) == (401, 200)
+    assert (_status_as(url, "dave", old), _status_as(url, "dave", new)) == (401, 200)
     assert mlflow_server.change_user(folder, "dave", remove=True) == ""
-    assert _answer(url, "dave", new) == 401
+    assert _status_as(url, "dave", new) == 401
     with pytest.raises(mlflow_server.ServerError, match=f"^user --reset: there is no user 'dave' on {url}$"):
         mlflow_server.change_user(folder, "dave", remove=False)
 
@@ -792,7 +792,7 @@ def test_with_workspaces_read_means_read_and_edit_writes_its_experiment(server, 
         return requests.post(f"{url}/api/2.0/mlflow/{path}", json=body, auth=(who, password), timeout=60).status_code
 
     for who, password in (("bob", bob), ("team", team)):
-        assert _answer(url, who, password) == 200  # reads
+        assert _status_as(url, who, password) == 200  # reads
         assert status(who, password, "runs/search", {"experiment_ids": [experiment]}) == 200
         assert status(who, password, "experiments/create", {"name": f"new-{who}"}) == 403
         assert status(who, password, "registered-models/create", {"name": f"model-{who}"}) == 403
