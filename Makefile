@@ -42,15 +42,17 @@ search: install
 	dvc repro search/dvc.yaml
 	python -m stages.publish_search
 
-# A team's MLflow server: PostgreSQL and `mlflow server` with proxied artifacts, in .tracking-server/;
+# A team's MLflow server: PostgreSQL and `mlflow server` with proxied artifacts, in its state folder outside the checkout
+# (/var/lib/detection-pipelines/tracking as root, else ~/.local/share/detection-pipelines/tracking; FOLDER=);
 # prints the MLFLOW_TRACKING_URI to use (PUBLIC_URL, the address teammates reach it at; default
 # http://HOST:PORT); Ctrl-C stops both. HOST is where it listens: auth is on unless it is loopback.
 # PORT=5000 ARGS="--auth --workers 2" and so on. `make s3-server` (S3_PORT, S3_PUBLIC_URL): the DVC remote.
 HOST ?= 127.0.0.1
 PORT ?= 5000
 PUBLIC_URL ?=
+FOLDER ?=
 tracking-server: install
-	python -m pipelines.team.mlflow_server --host $(HOST) --port $(PORT) $(if $(PUBLIC_URL),--public-url $(PUBLIC_URL)) $(ARGS)
+	python -m pipelines.team.mlflow_server --host $(HOST) --port $(PORT) $(if $(PUBLIC_URL),--public-url $(PUBLIC_URL)) $(if $(FOLDER),--folder $(FOLDER)) $(ARGS)
 
 S3_PORT ?= 9000
 S3_PUBLIC_URL ?=

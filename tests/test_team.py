@@ -3,14 +3,18 @@ a real S3 server (SeaweedFS, ``python -m pipelines.team.s3_server``) holding the
 server's artifacts, and the shared tracking server (``python -m pipelines.team.mlflow_server``: a private
 PostgreSQL cluster on a schema an older MLflow left, ``mlflow server --auth`` with proxied artifacts).
 
-In order: the server itself (upgrade, artifacts through the server into the bucket, secrets, refusals); the
+In order: the server itself (upgrade, artifacts through the server into the bucket, secrets, an unprivileged
+server on a private folder, a database role that is no superuser, refusals, password reset and removal); the
 team benchmark; two clones and a ``dvc queue start -j 2`` sweep writing at once; one clone's results pushed
 and pulled into a fresh clone where nothing re-runs; the other's experiment handed to a colleague who
 evaluates it again without retraining; then outages (the database restarted under the server, the server
-stopped) and a foreground server on the same data. Skipped where PostgreSQL is not installed."""
+stopped), a foreground server on the same data and one with workspaces, under which READ is read-only.
+Skipped where PostgreSQL is not installed."""
 
+import contextlib
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -357,16 +361,53 @@ def test_the_database_password_is_in_no_command_line_state_or_log(server):
         assert password not in path.read_text(errors="replace")
 
 
+def _session(pid: int) -> list[Path]:
+    """The /proc folders of the processes of the session ``pid`` leads (the server's: ``start_new_session``)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == pid:
+                found.append(proc)
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
+def test_the_server_runs_unprivileged_and_its_state_is_readable_by_nobody_else(server):
+    """Started as root, the MLflow server and its workers run as the service user, which owns the folder (mode
+    0750, group postgres, which only traverses it) and what the server reads and writes; nothing in the folder
+    is readable by other users (the log and the artifacts included). As another user: the folder is 0700."""
+    folder, root = server["folder"], os.geteuid() == 0
+    uids = {int((proc / "status").read_text().split("\nUid:")[1].split()[0]) for proc in _session(server["pid"])}
+    assert uids == ({pwd.getpwnam("mlflow").pw_uid} if root else {os.geteuid()})
+    assert oct(folder.stat().st_mode & 0o777) == ("0o750" if root else "0o700")
+    owner = pwd.getpwnam("mlflow").pw_uid if root else os.geteuid()
+    assert {p.name for p in folder.iterdir() if p.stat().st_uid == owner} >= {"pgpass", "server.log"}
+    readable = [str(path) for path in folder.rglob("*") if not path.is_socket() and path.stat().st_mode & 0o004]
+    assert readable == []
+
+
+def test_the_database_role_is_no_superuser_and_owns_only_its_databases(server):
+    import psycopg
+
+    with psycopg.connect(host="127.0.0.1", port=server["postgres_port"], user="mlflow", dbname="mlflow",
+                         passfile=str(server["folder"] / "pgpass"), autocommit=True) as conn:
+        assert conn.execute("SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls FROM pg_roles "
+                            "WHERE rolname = current_user").fetchone() == (False, False, False, False, False)
+        owned = conn.execute("SELECT datname FROM pg_database WHERE datdba = "
+                             "(SELECT oid FROM pg_roles WHERE rolname = 'mlflow')").fetchall()
+        assert sorted(owned) == [("mlflow",), ("mlflow_auth",)]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CREATE ROLE intruder SUPERUSER")
+
+
 def test_the_server_runs_without_mlflows_job_runner(server):
     """Its session (``start_new_session``: the server's pid leads it) holds the server and its one worker, no
     huey consumer or job runner."""
     commands = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == server["pid"]:
-                commands.append((proc / "cmdline").read_bytes().decode(errors="replace").replace("\0", " "))
-        except OSError:  # gone meanwhile
-            pass
+    for proc in _session(server["pid"]):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            commands.append((proc / "cmdline").read_bytes().decode(errors="replace").replace("\0", " "))
     assert commands and any("mlflow server" in c or "uvicorn" in c for c in commands), commands
     assert not [c for c in commands if "huey" in c or "job_runner" in c], commands
 
@@ -444,6 +485,33 @@ def test_a_user_without_edit_or_with_a_wrong_password_stops_a_stage_at_once_in_o
             "MLFLOW_TRACKING_PASSWORD to a user with EDIT on experiment 'detection' (docs/team.md)"]
     allowed = _start_run(url, "team", server["credentials"]["MLFLOW_TRACKING_PASSWORD"])
     assert allowed.returncode == 0, allowed.stderr
+
+
+def _status_as(url, user, password) -> int:
+    """The HTTP status of one API call as ``user``."""
+    import requests
+
+    return requests.get(f"{url}/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": "detection"},
+                        auth=(user, password), timeout=60).status_code
+
+
+def test_a_reset_password_replaces_the_old_one_and_a_removed_user_is_refused(server, monkeypatch):
+    """``user NAME --reset`` prints a new password once, and the old one gets 401 from then on; after ``user NAME
+    --remove`` the user gets 401. (The creation and removal in this process: the command's own MLflow login.)"""
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(name, "")  # the administrator's login below is this test's only
+    url, folder = server["url"], server["folder"]
+    old = mlflow_server.add_user(folder, "dave", experiment="detection")
+    assert _status_as(url, "dave", old) == 200
+    reset = _server("--folder", str(folder), "user", "dave", "--reset", timeout=120)
+    assert reset.returncode == 0, reset.stderr
+    new = re.fullmatch(r"user dave: new password (\w+) \(shown once; the old one is refused from now on\)\n",
+                       reset.stdout)[1]
+    assert (_status_as(url, "dave", old), _status_as(url, "dave", new)) == (401, 200)
+    assert mlflow_server.change_user(folder, "dave", remove=True) == ""
+    assert _status_as(url, "dave", new) == 401
+    with pytest.raises(mlflow_server.ServerError, match=f"^user --reset: there is no user 'dave' on {url}$"):
+        mlflow_server.change_user(folder, "dave", remove=False)
 
 
 def test_the_team_benchmark_times_both_stores_and_the_upload_through_the_server(as_team):
@@ -695,3 +763,38 @@ def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(
     assert "created a PostgreSQL cluster" not in out and out.rstrip().endswith("stopped")
     assert not _listening(port) and not _listening(state["postgres_port"])
     assert not (folder / "server.json").exists()
+
+
+def test_with_workspaces_read_means_read_and_edit_writes_its_experiment(server, monkeypatch):
+    """The server again on the same data, with ``--workspaces`` (MLflow's, with the default workspace granted at
+    the default permission): bob, READ (EDIT on another experiment only), reads the team's experiment but
+    creates no experiment, model or run in it; the team's user, EDIT on it, writes its runs there but creates
+    no experiment either. The setting is kept across a restart."""
+    import requests
+
+    folder = server["folder"]
+    mlflow_server.stop(folder)  # whatever the tests above left running
+    port = free_port()
+    started = _server("--folder", str(folder), "--port", str(port), "--auth", "--workspaces", "--workers", "1",
+                      "--detach")
+    assert started.returncode == 0, started.stderr
+    assert "workspaces: off -> on (--workspaces)" in started.stdout and "workspaces on" in started.stdout
+    assert mlflow_server.kept_workspaces(folder / "basic_auth.ini")
+    url = f"http://127.0.0.1:{port}"
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(name, "")  # the administrator's login below is this test's only
+    mlflow_server.add_user(folder, "bob", experiment="elsewhere")  # (made above where the module runs whole)
+    bob, team = (mlflow_server.change_user(folder, name, remove=False) for name in ("bob", "team"))
+    experiment = requests.get(f"{url}/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": "detection"},
+                              auth=("team", team), timeout=60).json()["experiment"]["experiment_id"]
+
+    def status(who, password, path, body):
+        return requests.post(f"{url}/api/2.0/mlflow/{path}", json=body, auth=(who, password), timeout=60).status_code
+
+    for who, password in (("bob", bob), ("team", team)):
+        assert _status_as(url, who, password) == 200  # reads
+        assert status(who, password, "runs/search", {"experiment_ids": [experiment]}) == 200
+        assert status(who, password, "experiments/create", {"name": f"new-{who}"}) == 403
+        assert status(who, password, "registered-models/create", {"name": f"model-{who}"}) == 403
+    assert status("bob", bob, "runs/create", {"experiment_id": experiment}) == 403
+    assert status("team", team, "runs/create", {"experiment_id": experiment}) == 200

@@ -5,8 +5,12 @@ tracking URI, user and password kept out of every logged URI, auth forced on off
 permission kept across restarts. The servers themselves: tests/test_team.py."""
 
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from mlflow.exceptions import MlflowException
@@ -157,6 +161,83 @@ def test_the_default_permission_is_kept_across_restarts_until_given_again(tmp_pa
     assert str(err.value) == (f"{config}: default_permission = WRITE is not one of READ, EDIT, MANAGE, "
                               "NO_PERMISSIONS; correct it or pass --default-permission")
     assert write("READ") == "READ"
+    assert not mlflow_server.kept_workspaces(config)
+    mlflow_server.write_auth_config(tmp_path, database_uri="postgresql+psycopg://m@h:1/a", workspaces=True)
+    assert mlflow_server.kept_workspaces(config) and "grant_default_workspace_access = true\n" in config.read_text()
+
+
+def test_the_state_folder_defaults_outside_the_checkout_and_an_old_one_is_named_not_moved(tmp_path, monkeypatch):
+    """/var/lib for root, the XDG data folder otherwise (``~/.local/share`` without it); a start where this
+    directory holds the old in-checkout folder says so in one line and moves nothing."""
+    monkeypatch.setattr(mlflow_server.os, "geteuid", lambda: 0)
+    assert mlflow_server.default_folder() == Path("/var/lib/detection-pipelines/tracking")
+    monkeypatch.setattr(mlflow_server.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert mlflow_server.default_folder() == tmp_path / "data" / "detection-pipelines" / "tracking"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert mlflow_server.default_folder() == tmp_path / "home" / ".local/share/detection-pipelines/tracking"
+
+    monkeypatch.chdir(tmp_path)
+    new = tmp_path / "state"
+    assert mlflow_server.old_folder_note(new) is None
+    (tmp_path / ".tracking-server" / "postgres").mkdir(parents=True)
+    old = tmp_path / ".tracking-server"
+    assert mlflow_server.old_folder_note(new) == (
+        f"note: {old} holds an earlier tracking server's data (the old default, inside the checkout); this one keeps "
+        f"its data in {new}: stop the old one and move the folder there, or pass --folder {old}")
+    assert mlflow_server.old_folder_note(old) is None and (old / "postgres").is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="the folder of a server started by a user other than root")
+def test_a_users_state_folder_is_private(tmp_path):
+    folder = tmp_path / "a" / "state"
+    mlflow_server.own_folder(folder, None)
+    (folder / "pgpass").write_text("x")
+    mlflow_server.secure_folder(folder, None, local_artifacts=True)
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()} == {
+        "pgpass": "0o600", "server.log": "0o600", "artifacts": "0o700"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the service user exists where root starts the server")
+def test_s3_credentials_out_of_the_service_users_reach_are_copied_into_its_folder(tmp_path):
+    tmp_path = Path(tempfile.mkdtemp(prefix="service-credentials-"))  # not pytest's: private to root
+    tmp_path.chmod(0o755)
+    try:
+        _copied_credentials(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path)
+
+
+def _copied_credentials(tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "mlflow.credentials").write_text("[default]\naws_access_key_id = k\n")
+    folder = tmp_path / "state"
+    account = mlflow_server.service_account("mlflow", say=lambda line: None)
+    mlflow_server.own_folder(folder, account)
+    env, said = {"AWS_SHARED_CREDENTIALS_FILE": str(private / "mlflow.credentials")}, []
+    mlflow_server.service_credentials(env, folder, account, said.append)
+    copy = folder / "s3.credentials"
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == str(copy) and copy.read_text().endswith("k\n")
+    assert (copy.stat().st_uid, oct(copy.stat().st_mode & 0o777)) == (account.uid, "0o600")
+    assert account.can("test", "-r", str(copy)) and len(said) == 1 and str(private) in said[0]
+    env = {"AWS_SHARED_CREDENTIALS_FILE": str(copy)}
+    mlflow_server.service_credentials(env, folder, account, said.append)  # within reach: used as it is
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == str(copy) and len(said) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["stop", "--reset"], "--reset goes with the action user NAME"),
+    (["user", "bob", "--reset", "--remove"], "argument --remove: not allowed with argument --reset"),
+    (["user", "admin", "--remove"], "user --remove: 'admin' is the administrator"),
+])
+def test_a_reset_or_removal_asked_wrongly_is_one_line_naming_the_option(argv, message, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pipelines.team.mlflow_server", *argv, "--folder", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: ") and message in done.stderr
 
 
 RESOLVED = ("import socket; real = socket.getaddrinfo; socket.getaddrinfo = lambda host, *a, **k: "

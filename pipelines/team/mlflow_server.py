@@ -4,13 +4,16 @@
     python -m pipelines.team.mlflow_server --detach      # in the background; then:
     python -m pipelines.team.mlflow_server stop
 
-Everything it keeps is in ``--folder`` (default ``.tracking-server/``):
+Everything it keeps is in ``--folder`` (default :func:`default_folder`, outside the checkout: ``/var/lib/...``
+for root, the XDG data folder otherwise; mode 0700/0750, nothing in it readable by other users):
 
 * ``postgres/``: a private PostgreSQL cluster (Debian's ``postgresql``, ``initdb`` on first use)
   listening on a free port of ``--db-host`` (127.0.0.1 unless the database should be reachable from
   elsewhere), never the system's 5432. Run as root it runs as the ``postgres`` user, as PostgreSQL
-  requires. Its one role, ``mlflow``, has a random password kept in ``pgpass`` (mode 600), which the
-  MLflow server reads through libpq's ``PGPASSFILE``: it is in no URI, command line or log.
+  requires. Its administrator ``postgres`` has no password (the Unix socket in the private data folder
+  only); the server's role, ``mlflow``, is no superuser and owns its two databases only. Its random
+  password is kept in ``pgpass`` (mode 600), which the MLflow server reads through libpq's
+  ``PGPASSFILE``: it is in no URI, command line or log.
 * the ``mlflow`` database; where its schema is older than this MLflow's, ``mlflow db upgrade`` runs
   before the server starts (and says so).
 * ``artifacts/``: the runs' artifacts, or the ``--artifacts`` destination (an ``s3://`` bucket, with
@@ -18,6 +21,10 @@ Everything it keeps is in ``--folder`` (default ``.tracking-server/``):
   (``--serve-artifacts``): clients upload and download models and checkpoints through it and need
   neither the disk nor storage credentials.
 * ``server.log``: the MLflow server's output; ``server.json``: what runs, for ``stop`` and ``status``.
+
+Started as root, ``mlflow server`` runs as ``--service-user`` (``mlflow``, a system user made on first use), which
+owns the folder's log and artifacts; its Python must be outside private folders (:func:`server_python`).
+``user NAME --reset`` / ``--remove`` give a user a new password (printed once) or delete it.
 
 MLflow's job runner (huey consumers for its GenAI jobs, which no detection run uses) is off unless
 ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true`` is set: it adds processes and costs CPU at every start, for
@@ -38,9 +45,13 @@ import argparse
 import base64
 import contextlib
 import os
+import pwd
 import secrets
 import shutil
+import stat
 import subprocess
+import sys
+import sysconfig
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -51,7 +62,11 @@ from ..lifetime import free_port
 from ..tracking import store
 from . import address, service
 
-ROLE = DATABASE = "mlflow"
+ROLE = DATABASE = "mlflow"  # the server's database role: NOSUPERUSER, owning its two databases only
+SUPERUSER = "postgres"  # the cluster's administrator: no password, reached only on the private Unix socket
+PROJECT = "detection-pipelines"
+SERVICE_USER = "mlflow"  # who runs `mlflow server` when it is started as root (--service-user)
+OLD_FOLDER = ".tracking-server"  # the default before the state left the checkout (a `git clean -xdf` deleted it)
 READY_TIMEOUT = 120.0  # seconds for `mlflow server` to answer /health: its first start on a busy machine is slow
 JOBS_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"  # off unless set: see start()
 
@@ -104,32 +119,28 @@ class Cluster:
         return self.folder / "pgpass"
 
     def init(self) -> bool:
-        """Create the cluster and its role if there is none; whether it was created."""
+        """Create the cluster if there is none (its administrator :data:`SUPERUSER`, with no password, and the
+        password of the role :data:`ROLE` in ``pgpass``, which :meth:`ensure_database` creates); whether it was
+        created."""
         if (self.data / "PG_VERSION").is_file():
             return False
         self.folder.mkdir(parents=True, exist_ok=True)
         if self.data.exists():
             shutil.rmtree(self.data)  # an initdb that did not finish
-        password = secrets.token_urlsafe(24)
         self.data.mkdir(mode=0o700)
-        pwfile = self.folder / ".initdb-password"  # initdb wants its folder empty
-        service.write_secret(pwfile, password + "\n")
         if os.geteuid() == 0:
-            for path in (self.data, pwfile):
-                shutil.chown(path, "postgres", "postgres")
+            shutil.chown(self.data, "postgres", "postgres")
             if subprocess.run(["runuser", "-u", "postgres", "--", "test", "-w", str(self.data)]).returncode:
                 shutil.rmtree(self.data)
                 raise ServerError(f"{self.folder}: the postgres user cannot reach it (a parent folder is private); "
                                   "choose another --folder")
         try:
-            _run(_as_owner([pg_command("initdb"), "-D", str(self.data), "-U", ROLE, f"--pwfile={pwfile}",
-                            "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8"]), "initdb")
+            _run(_as_owner([pg_command("initdb"), "-D", str(self.data), "-U", SUPERUSER, "--auth-local=trust",
+                            "--auth-host=scram-sha-256", "-E", "UTF8"]), "initdb")
         except ServerError:
             shutil.rmtree(self.data, ignore_errors=True)
             raise
-        finally:
-            pwfile.unlink(missing_ok=True)
-        service.write_secret(self.passfile, f"*:*:*:{ROLE}:{password}\n")
+        service.write_secret(self.passfile, f"*:*:*:{ROLE}:{secrets.token_urlsafe(24)}\n")
         return True
 
     def running_port(self) -> int | None:
@@ -166,13 +177,36 @@ class Cluster:
         """The SQLAlchemy URI of the ``mlflow`` database (no password: libpq reads ``PGPASSFILE``)."""
         return f"postgresql+psycopg://{ROLE}@{self.host}:{port}/{DATABASE}"
 
-    def ensure_database(self, port: int, name: str = DATABASE) -> None:
+    def administer(self, port: int):
+        """A connection as the cluster's administrator, over the Unix socket in the private data folder (trust:
+        only its owner and root reach it); a cluster an earlier version made has :data:`ROLE` as its
+        administrator instead."""
         import psycopg
 
-        with psycopg.connect(host=self.host, port=port, user=ROLE, dbname="postgres", passfile=str(self.passfile),
-                             autocommit=True) as conn:
+        try:
+            return psycopg.connect(host=str(self.data), port=port, user=SUPERUSER, dbname="postgres", autocommit=True)
+        except psycopg.OperationalError as err:
+            if f'role "{SUPERUSER}" does not exist' not in str(err):
+                raise
+            return psycopg.connect(host=str(self.data), port=port, user=ROLE, dbname="postgres", autocommit=True)
+
+    def ensure_database(self, port: int, name: str = DATABASE, say=print) -> None:
+        """The role :data:`ROLE` (LOGIN, NOSUPERUSER, NOCREATEDB, NOCREATEROLE; its password from ``pgpass``) and
+        database ``name`` owned by it, each created if missing. A cluster whose role is a superuser (made by an
+        earlier version, where it is PostgreSQL's bootstrap user and cannot be demoted) is said in one line."""
+        from psycopg import sql
+
+        with self.administer(port) as conn:
+            role = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (ROLE,)).fetchone()
+            if role is None:
+                password = self.passfile.read_text().strip().rsplit(":", 1)[1]
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+                                     "NOBYPASSRLS PASSWORD {}").format(sql.Identifier(ROLE), sql.Literal(password)))
+            elif role[0] and name == DATABASE:
+                say(f"note: {self.data}: its role {ROLE!r} is the cluster's superuser (made by an earlier version); a "
+                    "new cluster's is not: pg_dump the databases, start on a new --folder and restore them as it")
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
-                conn.execute(f'CREATE DATABASE "{name}"')
+                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(ROLE)))
 
 
 def schema_revision(cluster: Cluster, port: int) -> str | None:
@@ -226,7 +260,21 @@ def kept_permission(config: Path) -> str | None:
     return parser.get("mlflow", "default_permission", fallback=None)
 
 
-def write_auth_config(folder: Path, *, database_uri: str, default_permission: str | None = None, say=print) -> str:
+WORKSPACES_KEY = "grant_default_workspace_access"
+
+
+def kept_workspaces(config: Path) -> bool:
+    """Whether ``config`` (``basic_auth.ini``) keeps workspaces on: it grants the default workspace (below)."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    with contextlib.suppress(configparser.Error, OSError):
+        parser.read(config)
+    return parser.getboolean("mlflow", WORKSPACES_KEY, fallback=False)
+
+
+def write_auth_config(folder: Path, *, database_uri: str, default_permission: str | None = None,
+                      workspaces: bool = False, say=print) -> str:
     """Write ``FOLDER/basic_auth.ini`` (the basic-auth app's settings, no secret in it); its default permission.
 
     ``default_permission`` None keeps what the file holds (a lead's ``--default-permission`` or hand edit survives
@@ -242,21 +290,29 @@ def write_auth_config(folder: Path, *, database_uri: str, default_permission: st
     config.write_text(f"[mlflow]\ndefault_permission = {permission}\n"
                       f"database_uri = {database_uri}\n"
                       f"admin_username = {ADMIN}\n"
-                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                      + (f"{WORKSPACES_KEY} = true\n" if workspaces else ""))
     return permission
 
 
-def _auth_environment(cluster: Cluster, port: int, *, default_permission: str | None,
-                      say) -> tuple[dict[str, str], str]:
+def _auth_environment(cluster: Cluster, port: int, *, default_permission: str | None, workspaces: bool | None,
+                      say) -> tuple[dict[str, str], str, bool]:
     """The basic-auth app's settings (its users in the ``mlflow_auth`` database, :func:`write_auth_config`), the
-    admin's password from ``FOLDER/admin-password`` (through the environment, never a file it reads); and the
-    default permission."""
+    admin's password from ``FOLDER/admin-password`` (through the environment, never a file it reads); the
+    default permission and whether workspaces are on (``workspaces`` None: as the last start had them)."""
     cluster.ensure_database(port, AUTH_DATABASE)
+    kept = kept_workspaces(cluster.folder / "basic_auth.ini")
+    if workspaces is None:
+        workspaces = kept
+    elif workspaces != kept:
+        say(f"workspaces: {'off -> on' if workspaces else 'on -> off'} (--{'' if workspaces else 'no-'}workspaces)")
     permission = write_auth_config(cluster.folder, default_permission=default_permission, say=say,
+                                   workspaces=workspaces,
                                    database_uri=f"postgresql+psycopg://{ROLE}@{cluster.host}:{port}/{AUTH_DATABASE}")
     return {"MLFLOW_AUTH_CONFIG_PATH": str(cluster.folder / "basic_auth.ini"),
             "MLFLOW_AUTH_ADMIN_PASSWORD": _secret(cluster.folder / "admin-password"),
-            "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(cluster.folder / "flask-secret")}, permission  # its CSRF key
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(cluster.folder / "flask-secret"),  # its CSRF key
+            "MLFLOW_ENABLE_WORKSPACES": "true" if workspaces else "false"}, permission, workspaces
 
 
 def secure(host: str, auth: bool, say=print) -> bool:
@@ -267,6 +323,153 @@ def secure(host: str, auth: bool, say=print) -> bool:
     say(f"--host {host} is reachable from other machines: auth is on (as with --auth); create users with "
         f"`python -m pipelines.team.mlflow_server user NAME`")
     return True
+
+
+def default_folder() -> Path:
+    """``--folder`` by default, outside any checkout (where ``git clean -xdf`` would delete the team's data):
+    ``/var/lib/PROJECT/tracking`` for root, else ``$XDG_DATA_HOME/PROJECT/tracking`` (``~/.local/share``)."""
+    if os.geteuid() == 0:
+        return Path("/var/lib") / PROJECT / "tracking"
+    data = os.environ.get("XDG_DATA_HOME", "")
+    return (Path(data) if os.path.isabs(data) else Path.home() / ".local" / "share") / PROJECT / "tracking"
+
+
+def old_folder_note(folder: Path) -> str | None:
+    """One line where this directory holds the in-checkout state folder of an earlier version and ``folder`` is
+    another: its data is not moved silently."""
+    old = Path(OLD_FOLDER).resolve()
+    if not (old / "postgres").is_dir() or old == folder.resolve():
+        return None
+    return (f"note: {old} holds an earlier tracking server's data (the old default, inside the checkout); this one "
+            f"keeps its data in {folder}: stop the old one and move the folder there, or pass --folder {old}")
+
+
+@dataclass(frozen=True)
+class Account:
+    """The service user that runs ``mlflow server`` when it is started as root."""
+
+    name: str
+    uid: int
+    gid: int
+
+    def drop(self) -> list[str]:
+        """The prefix that runs a command as this user (no supplementary group; umask and environment kept)."""
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
+
+    def can(self, *command: str) -> bool:
+        return subprocess.run([*self.drop(), *command], capture_output=True).returncode == 0
+
+
+def service_account(name: str, say=print) -> Account | None:
+    """Who runs the MLflow server: None (this process's user) unless we are root; then ``name`` (``--service-user``),
+    created as a system user (no login, no home) where missing; ``root`` keeps it root, said in one line."""
+    if os.geteuid() != 0:
+        return None
+    if name == "root":
+        say("--service-user root: the network-facing MLflow server runs as root")
+        return None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        _run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+              "/usr/sbin/nologin", "--comment", "MLflow tracking server", name], f"--service-user {name}: useradd")
+        entry = pwd.getpwnam(name)
+        say(f"created the system user {name} (no login), which runs the MLflow server (--service-user)")
+    if entry.pw_uid == 0:
+        raise ServerError(f"--service-user {name}: its uid is 0 (root); choose an unprivileged user")
+    return Account(name, entry.pw_uid, entry.pw_gid)
+
+
+def _chown(path: Path, account: Account | None, *, group: int | None = None, tree: bool = False) -> None:
+    if account is None:
+        return
+    owner = (account.uid, account.gid if group is None else group)
+    if tree and path.is_dir() and (path.stat().st_uid, path.stat().st_gid) != owner:  # once: an earlier root's files
+        for root, folders, files in os.walk(path):
+            for name in (*folders, *files):
+                os.chown(os.path.join(root, name), *owner, follow_symlinks=False)
+    os.chown(path, *owner)
+
+
+def own_folder(folder: Path, account: Account | None) -> None:
+    """Make ``folder`` (made if missing) the service's own: mode 0700, or when root runs it 0750, owned by
+    ``account`` (root with ``--service-user root``) and group postgres, which traverses it to its data."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(folder, account.uid if account else 0, pwd.getpwnam("postgres").pw_gid)
+        folder.chmod(0o750)
+    else:
+        folder.chmod(0o700)
+
+
+def secure_folder(folder: Path, account: Account | None, *, local_artifacts: bool) -> None:
+    """What ``folder`` holds is readable by the user that runs the server and by nobody else: its log 0600, its
+    artifacts 0700 (and what the server writes there, umask 077), ``pgpass`` and ``basic_auth.ini`` 0600, owned
+    by that user, which reads them; the other secrets stay root's (the server gets them in its environment)."""
+    log = folder / service.LOG
+    log.touch(mode=0o600)
+    log.chmod(0o600)
+    _chown(log, account)
+    for name in ("pgpass", "basic_auth.ini"):
+        if (folder / name).is_file():
+            (folder / name).chmod(0o600)
+            _chown(folder / name, account)
+    if local_artifacts:
+        (folder / "artifacts").mkdir(mode=0o700, exist_ok=True)
+        (folder / "artifacts").chmod(0o700)
+        _chown(folder / "artifacts", account, tree=True)
+    if account and not account.can("test", "-r", str(folder / "pgpass")):
+        raise ServerError(f"{folder}: user {account.name} cannot reach it (a parent folder is private); choose "
+                          "another --folder")
+
+
+def service_credentials(env: dict[str, str], folder: Path, account: Account | None, say=print) -> None:
+    """Where the server's S3 credentials file (``AWS_SHARED_CREDENTIALS_FILE``, else root's ``~/.aws/credentials``)
+    is out of the service user's reach: a copy in ``FOLDER/s3.credentials`` (mode 600, the user's), which ``env``
+    then names, said in one line. (The server's ``HOME`` is the folder, so root's own would not be found.)"""
+    if account is None:
+        return
+    given = env.get("AWS_SHARED_CREDENTIALS_FILE")
+    source = Path(given) if given else Path.home() / ".aws" / "credentials"
+    if not source.is_file() or (given and account.can("test", "-r", given)):
+        return
+    copy = folder / "s3.credentials"
+    service.write_secret(copy, source.read_text())
+    _chown(copy, account)
+    env["AWS_SHARED_CREDENTIALS_FILE"] = str(copy)
+    say(f"the S3 credentials in {source} are out of user {account.name}'s reach: the server reads a copy, {copy}")
+
+
+def _private_above(path: Path, account: Account) -> Path:
+    """The first folder above ``path`` that ``account`` cannot enter (for the message)."""
+    for above in reversed(path.parents):
+        info = above.stat()
+        if not info.st_mode & stat.S_IXOTH and info.st_uid != account.uid:
+            return above
+    return path
+
+
+def server_python(account: Account | None, say=print) -> tuple[list[str], dict[str, str]]:
+    """How to run this environment's ``mlflow`` as ``account``: the command's start and what it adds to the
+    environment. This Python where the user can run it; else (it lies under a private folder such as root's
+    home) the system's Python of the same version on this environment's packages, said in one line."""
+    if account is None:
+        return [_mlflow_command()], {}
+    real = Path(sys.executable).resolve()
+    # the interpreter's file and its standard library, not a trial run: an interpreter run from a folder it cannot
+    # read back may start on another Python's library, and its own child processes (uvicorn's) are refused
+    if account.can("test", "-x", str(real)) and account.can("test", "-r", os.__file__):
+        return [*account.drop(), sys.executable, "-m", "mlflow"], {}
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = shutil.which(version, path="/usr/local/bin:/usr/bin")
+    packages = sysconfig.get_paths()["purelib"]
+    if system and account.can(system, "-c", "") and account.can("test", "-r", packages):
+        say(f"note: the server's Python {real} is under {_private_above(real, account)}, which user {account.name} "
+            f"cannot enter: it runs {system} on this environment's packages ({packages})")
+        return [*account.drop(), system, "-s", "-m", "mlflow"], {"PYTHONPATH": packages}
+    raise ServerError(f"--service-user {account.name}: it cannot run the server's Python {real} (under "
+                      f"{_private_above(real, account)}) and there is no {version} outside it: install the project "
+                      "in a virtual environment the user can reach, or pass --service-user root")
 
 
 def default_workers() -> int:
@@ -282,24 +485,31 @@ def worker_count(text: str) -> int:
     return value
 
 
-def add_user(folder: Path, name: str, *, experiment: str) -> str:
-    """Create user ``name`` on the running server of ``folder`` (with auth) and give it EDIT on ``experiment``
-    (created if missing); its new password, or "" for a user that existed (its permission is granted)."""
-    folder = folder.resolve()
+def _admin_url(folder: Path) -> str:
+    """The URL of the running server of ``folder`` (with auth), this process logged in as its administrator."""
     running = service.running(folder)
     if not running:
         raise ServerError(f"{folder}: no tracking server runs; start it with --auth first")
-    url = running.get("local_url") or running["url"]  # this machine's way in, whatever the public name
     if not running.get("auth"):
         raise ServerError(f"{folder}: its server runs without --auth: every client may write already")
-    import mlflow
-    from mlflow.exceptions import MlflowException
-    from mlflow.server.auth.client import AuthServiceClient
+    import warnings
 
+    warnings.filterwarnings("ignore", module="mlflow.server.fastapi_app")  # Starlette's, at import: not the user's
     # an administrator's one-off calls: MLflow's patient HTTP defaults, not a stage's 4-s bound (a retried
     # create whose first try went through would answer "already exists")
     os.environ.update({"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": _secret(folder / "admin-password"),
                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"})
+    return running.get("local_url") or running["url"]  # this machine's way in, whatever the public name
+
+
+def add_user(folder: Path, name: str, *, experiment: str) -> str:
+    """Create user ``name`` on the running server of ``folder`` (with auth) and give it EDIT on ``experiment``
+    (created if missing); its new password, or "" for a user that existed (its permission is granted)."""
+    url = _admin_url(folder.resolve())
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.server.auth.client import AuthServiceClient
+
     try:
         experiment_id = store.experiment_id(mlflow.MlflowClient(url), experiment)
     except MlflowException as err:
@@ -312,7 +522,40 @@ def add_user(folder: Path, name: str, *, experiment: str) -> str:
         if "already exists" not in str(err):
             raise ServerError(f"creating user {name!r}: {err.message}") from None
         password = ""
-    users.grant_user_permission(name, "experiment", experiment_id, "EDIT")
+    try:
+        users.grant_user_permission(name, "experiment", experiment_id, "EDIT")
+    except MlflowException as err:
+        if "already exists" not in str(err):
+            raise ServerError(f"granting user {name!r} EDIT on {experiment!r}: {err.message}") from None
+        users.revoke_user_permission(name, "experiment", experiment_id)  # whatever it was: EDIT now
+        users.grant_user_permission(name, "experiment", experiment_id, "EDIT")
+    return password
+
+
+def change_user(folder: Path, name: str, *, remove: bool) -> str:
+    """Give user ``name`` of the running server of ``folder`` a new password (its old one is refused from now
+    on), or with ``remove`` delete it (and its permissions: it is refused from now on); the new password, or ""
+    after a removal. The administrator is neither: its password is the folder's ``admin-password``."""
+    option = "--remove" if remove else "--reset"
+    if name == ADMIN:
+        raise ServerError(f"user {option}: {ADMIN!r} is the administrator, whose password the server keeps in "
+                          "admin-password; name another user")
+    url = _admin_url(folder.resolve())
+    from mlflow.exceptions import MlflowException
+    from mlflow.server.auth.client import AuthServiceClient
+
+    users = AuthServiceClient(url)
+    try:
+        users.get_user(name)
+    except MlflowException as err:
+        if "not found" in str(err).lower() or err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            raise ServerError(f"user {option}: there is no user {name!r} on {url}") from None
+        raise ServerError(f"user {option} {name!r}: {err.message}") from None
+    if remove:
+        users.delete_user(name)
+        return ""
+    password = secrets.token_hex(12)
+    users.update_user_password(name, password)
     return password
 
 
@@ -332,10 +575,14 @@ class Server:
     local_url: str = ""  # how this machine reaches it (health checks, `user`)
     workers: int = 1
     default_permission: str | None = None  # with auth: new users'
+    service_user: str = ""  # started as root: the unprivileged user that runs it
+    workspaces: bool = False  # with auth: MLflow's workspaces, under which READ is read-only
 
     def describe(self) -> str:
         listens = f"listening on {self.local_url}, " if self.local_url and self.local_url != self.url else ""
+        listens += f"as user {self.service_user}, " if self.service_user else ""
         auth = f"auth on, new users {self.default_permission}" if self.auth else "no auth"
+        auth += ", workspaces on (creating needs a grant)" if self.workspaces else ""
         return (f"MLflow tracking server at {self.url} ({listens}{auth}, {self.workers} worker"
                 f"{'s' if self.workers != 1 else ''}, PostgreSQL on port {self.postgres_port}, artifacts in "
                 f"{self.artifacts}); clients: export MLFLOW_TRACKING_URI={self.url}")
@@ -360,8 +607,13 @@ def _warm_up(url: str, admin: tuple[str, str] | None) -> None:
 
 def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts: str | None = None,
           auth: bool = False, db_host: str = "127.0.0.1", public_url: str | None = None, workers: int | None = None,
-          default_permission: str | None = None, say=print) -> tuple[Server, subprocess.Popen]:
+          default_permission: str | None = None, service_user: str = SERVICE_USER, workspaces: bool | None = None,
+          say=print) -> tuple[Server, subprocess.Popen]:
     """Start PostgreSQL and ``mlflow server`` on it; the server and its process (in a session of its own).
+
+    Started as root, the MLflow server runs as ``service_user`` (:func:`service_account`, :func:`server_python`);
+    ``folder`` is the service's own, readable by nobody else (:func:`secure_folder`), and so is what the server
+    writes (umask 077).
 
     ``public_url`` (default :func:`.address.default_public_url`) is what clients use and what MLflow admits in
     the ``Host`` header and as the UI's origin, beside this machine's loopback names and ``host``; auth is on
@@ -373,15 +625,19 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
     if default_permission and not auth:
         raise ServerError(f"--default-permission {default_permission}: auth is off (a loopback --host without --auth); "
                           "add --auth")
+    if workspaces and not auth:
+        raise ServerError("--workspaces: auth is off (a loopback --host without --auth); add --auth")
     public = public_url or address.default_public_url(host, port)
     local = address.local_url(host, port)
     workers = workers or default_workers()
+    account = service_account(service_user, say)
+    own_folder(folder, account)
     cluster = Cluster(folder, db_host)
     if cluster.init():
         say(f"created a PostgreSQL cluster in {cluster.data}")
     pg_port = cluster.start()
     try:
-        cluster.ensure_database(pg_port)
+        cluster.ensure_database(pg_port, say=say)
         env = {**os.environ, "PGPASSFILE": str(cluster.passfile), "MLFLOW_BACKEND_STORE_URI": cluster.uri(pg_port)}
         # MLflow's job runner (huey consumers, for its GenAI jobs) serves no detection run, and it costs
         # processes and CPU at every start, so it is off unless the user turns it on
@@ -392,24 +648,37 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
             _run([_mlflow_command(), "db", "upgrade", cluster.uri(pg_port)], "mlflow db upgrade", env)
         permission = None
         if auth:
-            auth_env, permission = _auth_environment(cluster, pg_port, default_permission=default_permission, say=say)
+            auth_env, permission, workspaces = _auth_environment(cluster, pg_port, default_permission=default_permission,
+                                                                 workspaces=workspaces, say=say)
             env.update(auth_env)
         destination = artifacts or (folder / "artifacts").as_uri()
-        command = [_mlflow_command(), "server", "--host", host, "--port", str(port), "--workers", str(workers),
+        secure_folder(folder, account, local_artifacts=not artifacts)
+        mlflow_command, python_env = server_python(account, say)
+        env.update(python_env)
+        if account:
+            env.update(HOME=str(folder), USER=account.name, LOGNAME=account.name)
+            service_credentials(env, folder, account, say)
+        command = [*mlflow_command, "server", "--host", host, "--port", str(port), "--workers", str(workers),
                    "--serve-artifacts", "--artifacts-destination", destination,
                    "--allowed-hosts", address.allowed_hosts(public, host=host, port=port),
                    "--cors-allowed-origins", address.origin(public)]
         if auth:
-            command += ["--app-name", "basic-auth"]
-        process = TRACKING.spawn(command, folder=folder, env=env, ready=lambda: _healthy(local),
-                                 unready=f"mlflow server did not answer {local}/health", timeout=READY_TIMEOUT)
+            command += ["--app-name", "basic-auth", "--enable-workspaces" if workspaces else "--disable-workspaces"]
+        umask = os.umask(0o077)  # what the server writes (artifacts, its files) is its own: inherited at fork
+        try:
+            process = TRACKING.spawn(command, folder=folder, env=env, ready=lambda: _healthy(local),
+                                     unready=f"mlflow server did not answer {local}/health", timeout=READY_TIMEOUT)
+        finally:
+            os.umask(umask)
         _warm_up(local, (ADMIN, env["MLFLOW_AUTH_ADMIN_PASSWORD"]) if auth else None)
     except BaseException:
         cluster.stop()
         raise
     server = Server(url=public, pid=process.pid, postgres_port=pg_port, artifacts=destination, auth=auth,
-                    local_url=local, workers=workers, default_permission=permission)
+                    local_url=local, workers=workers, default_permission=permission, workspaces=bool(workspaces),
+                    service_user=account.name if account else "")
     service.write_state(folder, vars(server))
+    (folder / service.STATE).chmod(0o600)  # no secret, but nobody else's business either
     return server, process
 
 
@@ -425,12 +694,17 @@ def stop(folder: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = service.parser(__doc__, actions=("stop", "status", "user"), folder=".tracking-server", port=5000, helps={
-        "action": "user NAME: a user of the --auth server with EDIT on --experiment",
-        "folder": "the server's data (default %(default)s)",
+    parser = service.parser(__doc__, actions=("stop", "status", "user"), folder=str(default_folder()), port=5000,
+                            helps={
+        "action": "user NAME: a user of the --auth server with EDIT on --experiment (--reset: a new password; "
+                  "--remove: delete it)",
+        "folder": "the server's data, outside the checkout (default %(default)s)",
         "host": "the address the MLflow server listens on (0.0.0.0: all)"})
     parser.add_argument("name", nargs="?", help="the user's name (action user)")
     parser.add_argument("--experiment", default="detection", help="the experiment a new user may edit (%(default)s)")
+    change = parser.add_mutually_exclusive_group()
+    change.add_argument("--reset", action="store_true", help="user NAME --reset: a new password, printed once")
+    change.add_argument("--remove", action="store_true", help="user NAME --remove: delete the user")
     parser.add_argument("--artifacts", help="where artifacts go (default FOLDER/artifacts; s3://bucket/prefix)")
     parser.add_argument("--auth", action="store_true",
                         help="MLflow's basic-auth app (docs/team.md); always on where --host is not loopback")
@@ -439,16 +713,29 @@ def main(argv: list[str] | None = None) -> None:
                              "then kept across restarts until given again)")
     parser.add_argument("--workers", type=worker_count,
                         help=f"server processes (default: one per core, at most 4; here {default_workers()})")
+    parser.add_argument("--workspaces", action=argparse.BooleanOptionalAction,
+                        help="with auth: MLflow's workspaces, under which a user without a grant may read but not "
+                             "create experiments or models (kept across restarts until given again; first: off)")
+    parser.add_argument("--service-user", default=SERVICE_USER, metavar="USER",
+                        help="started as root: the unprivileged user that runs the MLflow server, created if missing "
+                             "(default %(default)s; root: keep root)")
     args = parser.parse_args(argv)
+    if (args.reset or args.remove) and args.action != "user":
+        parser.error(f"{'--reset' if args.reset else '--remove'} goes with the action user NAME")
     if args.action == "stop":
         TRACKING.stopped(args.folder, stop(args.folder))
         return
     if args.action == "user":
         if not args.name:
             parser.error("user: give the user's name")
+        url = (service.running(args.folder.resolve()) or {}).get("url", "the server's URL")
+        if args.reset or args.remove:
+            password = change_user(args.folder, args.name, remove=args.remove)
+            print(f"user {args.name} removed: it is refused from now on" if args.remove else
+                  f"user {args.name}: new password {password} (shown once; the old one is refused from now on)")
+            return
         password = add_user(args.folder, args.name, experiment=args.experiment)
         given = f"password {password}" if password else "its password unchanged"
-        url = (service.running(args.folder.resolve()) or {}).get("url", "the server's URL")
         print(f"user {args.name} ({given}) may edit experiment {args.experiment!r}; they set "
               f"MLFLOW_TRACKING_URI={url}, MLFLOW_TRACKING_USERNAME={args.name} and MLFLOW_TRACKING_PASSWORD in "
               "their environment")
@@ -460,11 +747,14 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(1)
         print(Server(**running).describe())
         return
+    if note := old_folder_note(args.folder):
+        print(note)
 
     def start_it() -> tuple[str, subprocess.Popen]:
         server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts, auth=args.auth,
                                 public_url=args.public_url, workers=args.workers,
-                                default_permission=args.default_permission)
+                                default_permission=args.default_permission, service_user=args.service_user,
+                                workspaces=args.workspaces)
         return server.describe(), process
 
     TRACKING.serve(args.folder, start_it, detach=args.detach, stop=stop)
