@@ -68,12 +68,14 @@ def setup_logging(rank: int = 0) -> None:
     )
 
 
-def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None, *, tracked: bool = False) -> None:
+def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None, *,
+        announce: Callable[[], None] | None = None) -> None:
     """Run a stage's ``main``; an error becomes one line, ``error: <message>``, and an exit code.
 
-    ``tracked`` (a stage that records into MLflow): its first log line, on the main process, names the
-    store it uses and why (:func:`pipelines.tracking.store.announce`), so that a clone that joined a team
-    never records into its own ``mlflow.db`` unnoticed.
+    ``announce`` (a stage that records into MLflow passes :func:`pipelines.tracking.store.announce`) is called
+    first, on the main process, with its errors reported as ``main``'s: its first log line names the store
+    the stage uses and why, so that a clone that joined a team never records into its own ``mlflow.db``
+    unnoticed.
 
     A :class:`PipelineError` exits with its ``exit_code`` (2), a :class:`Stopped` with 128 + the signal's
     number (SIGTERM, SIGINT or SIGHUP, which every stage reads alike); any other
@@ -94,9 +96,7 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None,
     code: int | str | None = 0
     try:
         with logging_redirect_tqdm():  # a log record goes above the progress bar, not after its text on its line
-            if tracked and rank == 0:
-                from .tracking.store import announce
-
+            if announce is not None and rank == 0:
                 announce()
             main(argv)
             raise_if_stopped()  # a stop a finaliser swallowed still ends the run as a stop

@@ -26,6 +26,7 @@ from pipelines.search.confirm import arms, confirm, policy_file, table, verdict
 from pipelines.search.full_run import FullRun
 from pipelines.search.proxy import search_params
 from pipelines.search.space import space
+from pipelines.tracking import store
 from pipelines.tracking.run import read_run_file
 from pipelines.tracking.tracker import Tracker
 from stages import train as train_stage
@@ -78,4 +79,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, tracked=True)
+    cli.run(main, announce=store.announce)

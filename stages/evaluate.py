@@ -23,6 +23,7 @@ from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.evaluation import coco_evaluate, predict
 from pipelines.fileio import write_json
+from pipelines.tracking import store
 from pipelines.tracking.run import open_run, read_run_id
 from pipelines.tracking.tracker import Tracker
 
@@ -104,4 +105,4 @@ def _report(p, args, detections: list[dict], tracker: Tracker, training_run_id: 
 
 
 if __name__ == "__main__":
-    cli.run(main, tracked=True)
+    cli.run(main, announce=store.announce)

@@ -21,6 +21,7 @@ from pipelines.config.load import load_params
 from pipelines.errors import ConfigError
 from pipelines.inference import registration
 from pipelines.inference.card import read_card
+from pipelines.tracking import store
 from pipelines.tracking.registry import Registry
 
 log = logging.getLogger("register")
@@ -62,4 +63,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, tracked=True)
+    cli.run(main, announce=store.announce)

@@ -27,9 +27,16 @@ from pipelines.fileio import file_sha256, write_json
 from pipelines.policy import decode_policy
 from pipelines.search.evolution import Search, Settings
 from pipelines.search.pool import CandidatePool, Scoring
-from pipelines.search.proxy import Proxy, baseline_aps, bin_shares, fine_tune_params, search_params
+from pipelines.search.proxy import (
+    Proxy,
+    baseline_aps,
+    bin_shares,
+    fine_tune_params,
+    search_params,
+)
 from pipelines.search.record import SearchRecord, search_policy
 from pipelines.search.space import space
+from pipelines.tracking import store
 from pipelines.tracking.run import open_run
 
 log = logging.getLogger("search")
@@ -104,4 +111,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, tracked=True)
+    cli.run(main, announce=store.announce)

@@ -21,6 +21,7 @@ from pipelines.config.load import load_params, read_policy_file, to_flat_dict
 from pipelines.data.annotation_cache import AnnotationCache
 from pipelines.data.dataset import DetectionDataset
 from pipelines.engine import StopRequest, train
+from pipelines.tracking import store
 from pipelines.tracking.run import open_run
 
 log = logging.getLogger("train")
@@ -100,4 +101,4 @@ def _artifacts(args, *, checkpoints: bool):
 
 
 if __name__ == "__main__":
-    cli.run(main, tracked=True)
+    cli.run(main, announce=store.announce)

@@ -1,4 +1,4 @@
-"""``make team-join`` (pipelines.team.join) and the team settings the stages read (pipelines.team.settings).
+"""``make team-join`` (pipelines.team.join) and the team settings the stages read (pipelines.tracking.team_settings).
 
 Tiny and serverless: a fake tracking/S3 server on 127.0.0.1 (http.server in a thread) answers the one
 authenticated request of each check; refusals leave the clone untouched."""
@@ -17,8 +17,9 @@ import pytest
 
 from pipelines import cli
 from pipelines.errors import TeamError
-from pipelines.team import join, settings
+from pipelines.team import join
 from pipelines.tracking import store
+from pipelines.tracking import team_settings as settings
 
 USER, PASSWORD = "alice", "s3cret-pw"
 KEY = ("teamAKIA", "teamSECRET")
@@ -129,16 +130,16 @@ def test_a_tracked_stage_names_its_store_in_its_first_line_without_the_password(
     def main(argv):
         logging.getLogger("stage").info("working")
 
-    cli.run(main, [], tracked=True)
+    cli.run(main, [], announce=store.announce)
     first = capsys.readouterr().err.splitlines()[0]
     assert first.endswith(f"tracking store sqlite:///{clone / 'mlflow.db'} (the repository's own; no MLFLOW_TRACKING_URI, "
                           "no team settings)")
     settings.write(clone, {"tracking_uri": "http://tracking.example:5000", "username": USER, "password": PASSWORD})
-    cli.run(main, [], tracked=True)
+    cli.run(main, [], announce=store.announce)
     first = capsys.readouterr().err.splitlines()[0]
     assert first.endswith(f"tracking store http://tracking.example:5000 (team settings {settings.path(clone)}, user 'alice')")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://{USER}:{PASSWORD}@tracking.example:5000")
-    cli.run(main, [], tracked=True)
+    cli.run(main, [], announce=store.announce)
     first = capsys.readouterr().err.splitlines()[0]
     assert first.endswith("tracking store http://***@tracking.example:5000 (MLFLOW_TRACKING_URI)") and PASSWORD not in first
 

@@ -8,7 +8,7 @@ then writes, in the clone (the current folder):
 * ``.dvc/config.local`` (git-ignored by DVC): the remote (``s3://BUCKET``, the default), its ``endpointurl``
   and ``credentialpath``;
 * ``.team/settings.json`` (mode 600, git-ignored): the tracking URI, user and password that the stages read
-  where ``MLFLOW_TRACKING_URI`` is not set (:mod:`pipelines.team.settings`);
+  where ``MLFLOW_TRACKING_URI`` is not set (:mod:`pipelines.tracking.team_settings`);
 
 and pulls the main pipeline's outputs (``dvc pull dvc.yaml``: an uncommitted search's ``search/dvc.yaml``
 does not break it). Bad input is one ``error:`` line naming the file and field, exit 2, and nothing written:
@@ -33,7 +33,8 @@ from pathlib import Path
 
 from .. import cli
 from ..errors import TeamError, first_line
-from . import address, service, settings
+from ..tracking import team_settings as settings
+from . import address, service
 
 FIELDS = {
     "MLFLOW_TRACKING_URI": "the tracking server's public URL, http(s)://NAME[:PORT][/PATH]",

@@ -2,7 +2,7 @@
 
 The store defaults to ``sqlite:///<repository root>/mlflow.db`` with artifacts in
 ``<repository root>/mlartifacts``; ``MLFLOW_TRACKING_URI`` overrides, and so does, where that is not set,
-the team settings file of a clone that joined a team (``make team-join``, :mod:`pipelines.team.settings`). The repository root is
+the team settings file of a clone that joined a team (``make team-join``, :mod:`pipelines.tracking.team_settings`). The repository root is
 ``DVC_ROOT`` when DVC sets it, and the main repository when DVC runs a queued experiment in
 ``.dvc/tmp/exps/...`` (which is deleted afterwards). :func:`get_run`, :func:`find_runs` and
 :func:`store_status` serve the ``stages.lineage`` command and the machine report.
@@ -106,7 +106,7 @@ def repo_root() -> Path:
 
 
 def tracking_uri() -> str:
-    """The store: ``MLFLOW_TRACKING_URI``, else a joined clone's team settings (:mod:`pipelines.team.settings`,
+    """The store: ``MLFLOW_TRACKING_URI``, else a joined clone's team settings (:mod:`pipelines.tracking.team_settings`,
     whose user and password then go into the environment where it has none), else the repository's
     ``mlflow.db``. A team settings file that cannot be read raises :class:`~pipelines.errors.TeamError`."""
     return store_source()[0]
@@ -116,7 +116,7 @@ def store_source() -> tuple[str, str]:
     """:func:`tracking_uri` and where it comes from, in words (for :func:`announce`)."""
     if uri := os.environ.get("MLFLOW_TRACKING_URI"):
         return uri, "MLFLOW_TRACKING_URI"
-    from ..team import settings
+    from . import team_settings as settings
 
     root = repo_root()
     if uri := settings.apply(root):
