@@ -63,6 +63,18 @@ def _run(cwd, *command, ok=True, timeout=600, env=None):
     return done
 
 
+def _reachable_by_others(path: Path) -> bool:
+    """Whether users other than the owner can enter every folder down to ``path`` (a service user must reach the
+    checkout's virtual environment)."""
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
+
+
+# As root the server runs as the unprivileged user ``mlflow``, which must reach this checkout's Python; a checkout
+# under a folder other users cannot enter (a mktemp -d folder, root's home) keeps the server as root.
+UNPRIVILEGED = os.geteuid() != 0 or _reachable_by_others(REPO / ".venv")
+SERVICE_USER = () if UNPRIVILEGED else ("--service-user", "root")
+
+
 def _server(*args, timeout=180, env=None):
     return subprocess.run([sys.executable, "-m", "pipelines.team.mlflow_server", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env=env)
@@ -297,7 +309,7 @@ def server(s3):
         port = free_port()
         public = f"http://{PUBLIC_NAME}:{port}"  # the name teammates use; this machine reaches it on 127.0.0.1
         started = _server("--folder", str(folder), "--port", str(port), "--public-url", public, "--workers", "1",
-                          "--auth", "--artifacts", "s3://mlflow/artifacts", "--detach", env=env)
+                          "--auth", "--artifacts", "s3://mlflow/artifacts", "--detach", *SERVICE_USER, env=env)
         assert started.returncode == 0, started.stderr
         assert started.stdout.rstrip().endswith(f"export MLFLOW_TRACKING_URI={public}")  # the public URL, not 127.0.0.1
         head = mlflow_server.head_revision()
@@ -377,6 +389,8 @@ def test_the_server_runs_unprivileged_and_its_state_is_readable_by_nobody_else(s
     """Started as root, the MLflow server and its workers run as the service user, which owns the folder (mode
     0750, group postgres, which only traverses it) and what the server reads and writes; nothing in the folder
     is readable by other users (the log and the artifacts included). As another user: the folder is 0700."""
+    if not UNPRIVILEGED:
+        pytest.skip(f"{REPO} is under a folder other users cannot enter, so the server ran as root")
     folder, root = server["folder"], os.geteuid() == 0
     uids = {int((proc / "status").read_text().split("\nUid:")[1].split()[0]) for proc in _session(server["pid"])}
     assert uids == ({pwd.getpwnam("mlflow").pw_uid} if root else {os.geteuid()})
