@@ -761,7 +761,7 @@ def test_stop_then_a_foreground_server_on_the_same_data_ends_cleanly_on_sigterm(
 
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "pipelines.team.mlflow_server", "--folder", str(folder),
-                                "--port", str(port), "--workers", "1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--port", str(port), "--workers", "1", *SERVICE_USER], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while not (folder / "server.json").is_file() or not _listening(port):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.poll() else ""
@@ -790,7 +790,7 @@ def test_with_workspaces_read_means_read_and_edit_writes_its_experiment(server, 
     mlflow_server.stop(folder)  # whatever the tests above left running
     port = free_port()
     started = _server("--folder", str(folder), "--port", str(port), "--auth", "--workspaces", "--workers", "1",
-                      "--detach")
+                      "--detach", *SERVICE_USER)
     assert started.returncode == 0, started.stderr
     assert "workspaces: off -> on (--workspaces)" in started.stdout and "workspaces on" in started.stdout
     assert mlflow_server.kept_workspaces(folder / "basic_auth.ini")
