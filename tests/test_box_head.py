@@ -28,7 +28,7 @@ from pipelines.solver import build_optimizer
 
 from .conftest import scene as _scene
 from .conftest import set_dotted, spy_on_head_loss
-from .test_onnx_export import _match_rate
+from .test_onnx_export import _match_rate, _spread
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -278,20 +278,6 @@ def test_a_checkpoint_round_trips_with_the_levers_and_is_refused_without_them(ba
     assert all(torch.equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
     with pytest.raises(CheckpointError, match=r"model_final.pth: does not match params.yaml's model section \("):
         build_model.trained_detector(_params(base_params), path, device=CPU)
-
-
-def _spread(model) -> None:
-    """Random head weights of a usable scale (as tests/test_onnx_export.py spreads them), distinct scales."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.head.named_parameters():
-            if name.endswith("weight") and param.ndim == 4:
-                param.copy_(torch.randn(param.shape, generator=generator) * (2.0 / param[0].numel()) ** 0.5)
-        model.head.classification_head.cls_logits.bias.fill_(-1.0)
-        if model.head.dfl_bins is None:
-            model.head.regression_head.bbox_reg.bias.fill_(1.0)
-        if getattr(model.head.regression_head, "scales", None) is not None:
-            model.head.regression_head.scales.copy_(torch.tensor([1.5, 0.8, 1.2, 0.6, 2.0]))
 
 
 def _exportable(**levers):

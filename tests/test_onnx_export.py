@@ -32,14 +32,18 @@ SHAPES = [(320, 416), (416, 320), (256, 416), (320, 448)]
 
 def _spread(model) -> None:
     """Random head weights of a usable scale: a fresh FCOS head outputs nearly the same score and an empty
-    box everywhere (its init is made for training), which would compare ties, not detections."""
+    box everywhere (its init is made for training), which would compare ties, not detections. A head with
+    learnable scales gets distinct ones; with DFL's bins the box bias stays as initialised."""
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, param in model.head.named_parameters():
             if name.endswith("weight") and param.ndim == 4:
                 param.copy_(torch.randn(param.shape, generator=generator) * (2.0 / param[0].numel()) ** 0.5)
         model.head.classification_head.cls_logits.bias.fill_(-1.0)
-        model.head.regression_head.bbox_reg.bias.fill_(1.0)
+        if getattr(model.head, "dfl_bins", None) is None:
+            model.head.regression_head.bbox_reg.bias.fill_(1.0)
+        if getattr(model.head.regression_head, "scales", None) is not None:
+            model.head.regression_head.scales.copy_(torch.tensor([1.5, 0.8, 1.2, 0.6, 2.0]))
 
 
 @pytest.fixture(scope="module")
