@@ -1,14 +1,14 @@
 # `make pipeline` installs (once) and runs the five DVC stages; `make test` installs and runs the tests;
 # `make doctor` reports on the machine and predicts the pipeline's time on it; `make search` searches an
-# augmentation policy on this data (docs/search.md); `make tracking-server` runs a shared MLflow server on
-# PostgreSQL and `make s3-server` an S3 server for the DVC remote (docs/team.md).
+# augmentation policy on this data (docs/search.md); a team's lead runs `make team-server` (both team servers)
+# and `make team-user NAME=...` per teammate, who runs `make team-join TEAM_ENV=...` (docs/team.md).
 # The install is the pinned requirements.lock; `make lock` re-resolves it from pyproject.toml.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install pipeline test doctor search lock tracking-server s3-server team-join
+.PHONY: install pipeline test doctor search lock team-server team-user team-stop tracking-server s3-server team-join
 
 # Every dependency at its locked version, then the project itself (editable, deps already there).
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -42,20 +42,37 @@ search: install
 	dvc repro search/dvc.yaml
 	python -m stages.publish_search
 
-# A team's MLflow server: PostgreSQL and `mlflow server` with proxied artifacts, in its state folder outside the checkout
+# A team's lead: both servers in the background (the S3 server, and the MLflow server with auth and workspaces,
+# its artifacts in the S3 server's bucket), their state in FOLDER (default outside the checkout:
+# /var/lib/detection-pipelines as root, else ~/.local/share/detection-pipelines). HOST is where they listen,
+# PUBLIC_URL where teammates reach the tracking server (S3's: the same host, port S3_PORT; or S3_PUBLIC_URL).
+#   make team-server HOST=0.0.0.0 PUBLIC_URL=http://team.example:5000
+#   make team-user NAME=alice          # writes FOLDER/users/alice.team.env (mode 600): hand it to alice
+#   make team-user NAME=alice ARGS=--reset | ARGS=--remove;  make team-stop
+HOST ?= 127.0.0.1
+PORT ?= 5000
+PUBLIC_URL ?=
+S3_PORT ?= 9000
+S3_PUBLIC_URL ?=
+FOLDER ?=
+NAME ?=
+team-server: install
+	python -m pipelines.team.lead server --host $(HOST) --port $(PORT) --s3-port $(S3_PORT) $(if $(PUBLIC_URL),--public-url $(PUBLIC_URL)) $(if $(S3_PUBLIC_URL),--s3-public-url $(S3_PUBLIC_URL)) $(if $(FOLDER),--folder $(FOLDER)) $(ARGS)
+
+team-user: install
+	python -m pipelines.team.lead user "$(NAME)" $(if $(FOLDER),--folder $(FOLDER)) $(ARGS)
+
+team-stop: install
+	python -m pipelines.team.lead stop $(if $(FOLDER),--folder $(FOLDER))
+
+# Each team server on its own. The MLflow server: PostgreSQL and `mlflow server` with proxied artifacts, in its state folder outside the checkout
 # (/var/lib/detection-pipelines/tracking as root, else ~/.local/share/detection-pipelines/tracking; FOLDER=);
 # prints the MLFLOW_TRACKING_URI to use (PUBLIC_URL, the address teammates reach it at; default
 # http://HOST:PORT); Ctrl-C stops both. HOST is where it listens: auth is on unless it is loopback.
 # PORT=5000 ARGS="--auth --workers 2" and so on. `make s3-server` (S3_PORT, S3_PUBLIC_URL): the DVC remote.
-HOST ?= 127.0.0.1
-PORT ?= 5000
-PUBLIC_URL ?=
-FOLDER ?=
 tracking-server: install
 	python -m pipelines.team.mlflow_server --host $(HOST) --port $(PORT) $(if $(PUBLIC_URL),--public-url $(PUBLIC_URL)) $(if $(FOLDER),--folder $(FOLDER)) $(ARGS)
 
-S3_PORT ?= 9000
-S3_PUBLIC_URL ?=
 s3-server: install
 	python -m pipelines.team.s3_server --host $(HOST) --port $(S3_PORT) $(if $(S3_PUBLIC_URL),--public-url $(S3_PUBLIC_URL)) $(ARGS)
 

@@ -74,15 +74,17 @@ def run_params(params: Path, arm: str, seed: int, policy_file: Path) -> dict:
     return raw
 
 
-def train_and_evaluate(raw: dict, *, prepared: Path, cache: Path, folder: Path, store: str | None = None) -> dict:
+def train_and_evaluate(raw: dict, *, prepared: Path, cache: Path, folder: Path, store: str | None = None,
+                       env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> dict:
     """Run the train and evaluate stages on ``raw`` params in ``folder``, tracked in ``store`` (an MLflow
-    tracking URI; by default a SQLite store in ``folder``); their metrics and wall times."""
+    tracking URI; by default a SQLite store in ``folder``); their metrics and wall times. ``env``: more of the
+    stages' environment (a server's user and password); ``prefix``: what runs them (``ip netns exec NS``)."""
     params = folder / "params.yaml"
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     out = {name: folder / name for name in ("checkpoints", "train", "eval")}
     env = {**os.environ, "MLFLOW_TRACKING_URI": store or f"sqlite:///{folder / 'mlflow.db'}",
-           "DVC_ROOT": str(folder)}  # a local store's artifacts (mlartifacts/) go to the scratch folder too
-    launch = [sys.executable, "-m", "pipelines.launch", "--params", str(params)]
+           "DVC_ROOT": str(folder), **(env or {})}  # a local store's artifacts (mlartifacts/) go to the scratch folder
+    launch = [*prefix, sys.executable, "-m", "pipelines.launch", "--params", str(params)]
     commands = {
         "train": [*launch, "--run-file", str(out["checkpoints"] / "run.json"), "stages.train",
                   "--cache", str(cache), "--checkpoints", str(out["checkpoints"]), "--model", str(out["train"] / "model.pth"),

@@ -171,12 +171,14 @@ def test_the_state_folder_defaults_outside_the_checkout_and_an_old_one_is_named_
     directory holds the old in-checkout folder says so in one line and moves nothing."""
     monkeypatch.setattr(mlflow_server.os, "geteuid", lambda: 0)
     assert mlflow_server.default_folder() == Path("/var/lib/detection-pipelines/tracking")
+    assert s3_server.default_folder() == Path("/var/lib/detection-pipelines/s3")
     monkeypatch.setattr(mlflow_server.os, "geteuid", lambda: 1000)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     assert mlflow_server.default_folder() == tmp_path / "data" / "detection-pipelines" / "tracking"
     monkeypatch.delenv("XDG_DATA_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert mlflow_server.default_folder() == tmp_path / "home" / ".local/share/detection-pipelines/tracking"
+    assert s3_server.default_folder() == tmp_path / "home" / ".local/share/detection-pipelines/s3"
 
     monkeypatch.chdir(tmp_path)
     new = tmp_path / "state"
@@ -187,6 +189,10 @@ def test_the_state_folder_defaults_outside_the_checkout_and_an_old_one_is_named_
         f"note: {old} holds an earlier tracking server's data (the old default, inside the checkout); this one keeps "
         f"its data in {new}: stop the old one and move the folder there, or pass --folder {old}")
     assert mlflow_server.old_folder_note(old) is None and (old / "postgres").is_dir()
+    (tmp_path / ".s3-server").mkdir()
+    (tmp_path / ".s3-server" / "s3.json").write_text("{}")
+    note = service.old_folder_note(Path(s3_server.OLD_FOLDER), new, kept="s3.json", what="S3 server")
+    assert note.startswith(f"note: {tmp_path / '.s3-server'} holds an earlier S3 server's data")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="the folder of a server started by a user other than root")

@@ -64,7 +64,6 @@ from . import address, service
 
 ROLE = DATABASE = "mlflow"  # the server's database role: NOSUPERUSER, owning its two databases only
 SUPERUSER = "postgres"  # the cluster's administrator: no password, reached only on the private Unix socket
-PROJECT = "detection-pipelines"
 SERVICE_USER = "mlflow"  # who runs `mlflow server` when it is started as root (--service-user)
 OLD_FOLDER = ".tracking-server"  # the default before the state left the checkout (a `git clean -xdf` deleted it)
 READY_TIMEOUT = 120.0  # seconds for `mlflow server` to answer /health: its first start on a busy machine is slow
@@ -328,20 +327,13 @@ def secure(host: str, auth: bool, say=print) -> bool:
 def default_folder() -> Path:
     """``--folder`` by default, outside any checkout (where ``git clean -xdf`` would delete the team's data):
     ``/var/lib/PROJECT/tracking`` for root, else ``$XDG_DATA_HOME/PROJECT/tracking`` (``~/.local/share``)."""
-    if os.geteuid() == 0:
-        return Path("/var/lib") / PROJECT / "tracking"
-    data = os.environ.get("XDG_DATA_HOME", "")
-    return (Path(data) if os.path.isabs(data) else Path.home() / ".local" / "share") / PROJECT / "tracking"
+    return service.state_folder("tracking")
 
 
 def old_folder_note(folder: Path) -> str | None:
     """One line where this directory holds the in-checkout state folder of an earlier version and ``folder`` is
     another: its data is not moved silently."""
-    old = Path(OLD_FOLDER).resolve()
-    if not (old / "postgres").is_dir() or old == folder.resolve():
-        return None
-    return (f"note: {old} holds an earlier tracking server's data (the old default, inside the checkout); this one "
-            f"keeps its data in {folder}: stop the old one and move the folder there, or pass --folder {old}")
+    return service.old_folder_note(Path(OLD_FOLDER), folder, kept="postgres", what="tracking server")
 
 
 @dataclass(frozen=True)

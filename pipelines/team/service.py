@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import errno
 import json
+import os
 import re
 import shutil
 import socket
@@ -26,7 +27,27 @@ from ..lifetime import StopSignals, alive, end_group
 from . import address
 
 STATE, LOG = "server.json", "server.log"
+PROJECT = "detection-pipelines"  # the state folders' name (state_folder)
 STOP_TIMEOUT = 15.0
+
+
+def state_folder(part: str) -> Path:
+    """Where a team server keeps ``part`` by default, outside any checkout (where ``git clean -xdf`` would delete
+    the team's data): ``/var/lib/PROJECT/PART`` for root, else ``$XDG_DATA_HOME/PROJECT/PART`` (``~/.local/share``)."""
+    if os.geteuid() == 0:
+        return Path("/var/lib") / PROJECT / part
+    data = os.environ.get("XDG_DATA_HOME", "")
+    return (Path(data) if os.path.isabs(data) else Path.home() / ".local" / "share") / PROJECT / part
+
+
+def old_folder_note(old: Path, folder: Path, *, kept: str, what: str) -> str | None:
+    """One line where this directory holds ``old``, the in-checkout state folder of an earlier version (with its
+    ``kept`` data), and ``folder`` is another: its data is not moved silently."""
+    old = old.resolve()
+    if not (old / kept).exists() or old == folder.resolve():
+        return None
+    return (f"note: {old} holds an earlier {what}'s data (the old default, inside the checkout); this one "
+            f"keeps its data in {folder}: stop the old one and move the folder there, or pass --folder {old}")
 
 
 def running(folder: Path) -> dict | None:
