@@ -1,16 +1,17 @@
 """Team mode across hosts, on one machine: the servers in one network namespace, the teammates' clones in another.
 
-:mod:`tests.netns` makes the two "hosts", linked by a veth pair on 198.18.0.0/15 with no route out. In the
-server's namespace: the S3 server (SeaweedFS) and the tracking server (PostgreSQL, ``mlflow server`` with
-auth and workspaces, its artifacts in the S3 bucket), each bound to the server's 198.18 address and started
-with a public URL of the name ``team-<pid>.example``, which both namespaces' ``/etc/hosts`` map to that
-address; a teammate, alice, with her ``team.env``. In the client's namespace, reaching the servers only by
-that name: a clone joins (``pipelines.team.join``), trains and evaluates (one short ``dvc repro``) and pushes;
-a second clone joins with a pull and reproduces nothing; lineage links are under the public name. Refused,
-each from the client's namespace: a wrong ``Host`` header, no password, a wrong one, a user granted nothing
-on the experiment (bob: he reads, creates and writes nothing), and every port but S3's, its certificate-only
-gRPC port and the tracking server's (SeaweedFS's master, volume server, filer, PostgreSQL); S3 answers an
-unsigned request with 403. Skipped where PostgreSQL is missing or namespaces cannot be made (not root)."""
+:mod:`benchmarks.netns` makes the two "hosts", linked by a veth pair on 198.18.0.0/15 with no route out. In the
+server's namespace, the lead's commands (``pipelines.team.lead server`` and ``user alice``): the S3 server
+(SeaweedFS) and the tracking server (PostgreSQL, ``mlflow server`` with auth and workspaces, its artifacts in
+the S3 bucket), each bound to the server's 198.18 address and advertised by the name ``team-<pid>.example``,
+which both namespaces' ``/etc/hosts`` map to that address; a teammate, alice, with her ``team.env``. In the
+client's namespace, reaching the servers only by that name: a clone joins (``pipelines.team.join``), trains and
+evaluates (one short ``dvc repro``) and pushes; a second clone joins with a pull and reproduces nothing; lineage
+links are under the public name. Refused, each from the client's namespace: a wrong ``Host`` header, no
+password, a wrong one, a user granted nothing on the experiment (bob: he reads, creates and writes nothing), and
+every port but S3's, its certificate-only gRPC port and the tracking server's (SeaweedFS's master, volume
+server, filer, PostgreSQL); S3 answers an unsigned request with 403. Skipped where PostgreSQL is missing or
+namespaces cannot be made (not root)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.team import mlflow_server
+from benchmarks import netns
+from pipelines.team import lead, mlflow_server
 
-from . import netns
 from .conftest import REPO
 from .test_pipeline import TINY_ONE_PROCESS, _copy_repo, _env
 
@@ -64,39 +65,24 @@ def _python(namespace: str, code: str, *args, **kwargs) -> subprocess.CompletedP
 
 
 def _start_team(net: netns.Network, base: Path) -> dict:
-    """The lead's part, in the server's namespace: the S3 server and the tracking server (auth, workspaces,
+    """The lead's one command, in the server's namespace: the S3 server and the tracking server (auth, workspaces,
     artifacts in the S3 bucket, one worker), both bound to the server's address and advertised by name."""
+    public = f"http://{net.name}:{TRACKING_PORT}"
+    started = _in(net.server, sys.executable, "-m", "pipelines.team.lead", "server", "--folder", base, "--host",
+                  net.server_address, "--port", TRACKING_PORT, "--s3-port", S3_PORT, "--public-url", public,
+                  "--workers", "1", *SERVICE_USER, timeout=300)
+    assert f"export MLFLOW_TRACKING_URI={public}" in started.stdout, started.stdout
     s3, tracking = base / "s3", base / "tracking"
-    public_s3, public_tracking = f"http://{net.name}:{S3_PORT}", f"http://{net.name}:{TRACKING_PORT}"
-    _in(net.server, sys.executable, "-m", "pipelines.team.s3_server", "--folder", s3, "--host", net.server_address,
-        "--port", S3_PORT, "--public-url", public_s3, "--detach", timeout=180)
-    bind = json.loads((s3 / "server.json").read_text())["bind"]
-    env = {**_env(), "AWS_SHARED_CREDENTIALS_FILE": str(s3 / "mlflow.credentials"), "MLFLOW_S3_ENDPOINT_URL": bind}
-    started = _in(net.server, sys.executable, "-m", "pipelines.team.mlflow_server", "--folder", tracking, "--host",
-                  net.server_address, "--port", TRACKING_PORT, "--public-url", public_tracking, "--workers", "1",
-                  "--workspaces", "--artifacts", "s3://mlflow/artifacts", "--detach", *SERVICE_USER, env=env, timeout=300)
-    assert started.stdout.rstrip().endswith(f"export MLFLOW_TRACKING_URI={public_tracking}"), started.stdout
-    return {"s3_folder": s3, "tracking_folder": tracking, "tracking": public_tracking, "s3": public_s3,
-            "s3_bind": bind}
+    return {"s3_folder": s3, "tracking_folder": tracking, "tracking": public, "s3": f"http://{net.name}:{S3_PORT}",
+            "s3_bind": json.loads((s3 / "server.json").read_text())["bind"]}
 
 
 def _make_user(net: netns.Network, team: dict, name: str, out: Path) -> Path:
-    """The lead's part for a teammate, in the server's namespace: an MLflow user with EDIT on the experiment and
-    an S3 key for the DVC bucket, handed over as ``out`` (a mode-600 ``team.env``) and the credentials file it
-    names; ``out``."""
-    made = _in(net.server, sys.executable, "-m", "pipelines.team.mlflow_server", "user", name, "--folder",
-               team["tracking_folder"], "--experiment", EXPERIMENT, timeout=180)
-    password = re.search(r"\(password (\w+)\)", made.stdout)[1]
-    _in(net.server, sys.executable, "-m", "pipelines.team.s3_server", "user", name, "--folder", team["s3_folder"],
-        timeout=120)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    credentials = out.with_name(f"{name}.credentials")
-    shutil.copyfile(team["s3_folder"] / "users" / f"{name}.credentials", credentials)
-    credentials.chmod(0o600)
-    out.touch(mode=0o600)
-    out.write_text(f"# team.env for {name}\nMLFLOW_TRACKING_URI={team['tracking']}\nMLFLOW_TRACKING_USERNAME={name}\n"
-                   f"MLFLOW_TRACKING_PASSWORD={password}\nS3_ENDPOINT_URL={team['s3']}\nDVC_REMOTE=team\n"
-                   f"DVC_BUCKET=dvc\nS3_CREDENTIALS={credentials.name}\n")
+    """The lead's one command for a teammate, in the server's namespace: an MLflow user with EDIT on the
+    experiment and an S3 key for the DVC bucket, in ``out`` (a mode-600 ``team.env``); ``out``."""
+    _in(net.server, sys.executable, "-m", "pipelines.team.lead", "user", name, "--folder", team["s3_folder"].parent,
+        "--out", out, timeout=180)
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
     return out
 
 
@@ -120,10 +106,7 @@ def team(net):
                   servers["tracking_folder"], "--experiment", "elsewhere", timeout=180)
         yield {**servers, "alice": alice, "bob": re.search(r"\(password (\w+)\)", bob.stdout)[1]}
     finally:  # stopped however the set-up ends; what is left in the namespaces ends with them
-        mlflow_server.stop(base / "tracking")
-        from pipelines.team import s3_server
-
-        s3_server.stop(base / "s3")
+        lead.stop(base)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -132,8 +115,9 @@ def _team_env(team: dict) -> dict[str, str]:
 
 
 def _commit(repo: Path, message: str) -> None:
-    for command in (["git", "add", "-A"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message]):
-        subprocess.run(command, cwd=repo, check=True, capture_output=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True, capture_output=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message], cwd=repo, check=True,
+                   capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +151,10 @@ def test_a_clone_joins_trains_evaluates_and_pushes_through_the_public_name(net, 
     assert "not recorded" not in log and "offline" not in log  # nothing lost on the way
     local = (repo / ".dvc" / "config.local").read_text()
     assert f"endpointurl = {team['s3']}" in local and "credentialpath" in local
-    assert _team_env(team)["MLFLOW_TRACKING_PASSWORD"] not in log + (repo / ".dvc" / "config.local").read_text()
+    secrets = [_team_env(team)[k] for k in ("MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY")]
+    history = subprocess.run(["git", "log", "-p"], cwd=repo, capture_output=True, text=True, check=True).stdout
+    kept = [log, local, history, *((repo / name).read_text() for name in (".dvc/config", "dvc.lock", "params.yaml"))]
+    assert not [secret for secret in secrets for text in kept if secret in text]  # only in .team/, mode 600
 
     shown = _in(net.client, sys.executable, "-m", "stages.lineage", "workspace", cwd=repo, env=_client_env()).stdout
     links = re.findall(r"http://\S+/#/experiments/\d+/runs/([0-9a-f]{32})", shown)
@@ -338,7 +325,8 @@ def test_from_the_client_only_s3_and_the_tracking_server_answer_and_only_with_cr
     tracking = json.loads((team["tracking_folder"] / "server.json").read_text())
     s3 = json.loads((team["s3_folder"] / "server.json").read_text())
     store = Path(f"/proc/{s3['pid']}/cmdline").read_text().split("\0")
-    inner = {int(a.split("=", 1)[1]) for a in store if re.fullmatch(r"-(master|volume|filer|admin)\.port(\.grpc)?=\d+", a)}
+    inner = {int(a.split("=", 1)[1]) for a in store
+             if re.fullmatch(r"-(master|volume|filer|admin)\.port(\.grpc)?=\d+", a)}
     gateway = Path(f"/proc/{s3['s3_pid']}/cmdline").read_text().split("\0")
     s3_grpc = int(next(a for a in gateway if a.startswith("-port.grpc=")).split("=", 1)[1])
     assert len(inner) == 8 and {*inner, tracking["postgres_port"], S3_PORT, s3_grpc, TRACKING_PORT} <= set(ports), (
