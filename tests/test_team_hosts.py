@@ -282,3 +282,17 @@ def test_the_s3_server_prints_its_public_url_and_checks_signatures_made_for_that
         assert done.stdout.splitlines() == ["stored x", "refused ClientError SignatureDoesNotMatch"], done.stderr
     finally:
         s3_server.stop(folder)
+
+
+def test_a_clusters_postgresql_binaries_are_those_of_its_major_version():
+    """A cluster is run by the binaries of its ``PG_VERSION`` (another major version's ``pg_ctl`` refuses its data
+    folder); a version not installed is one line naming it."""
+    try:
+        newest = mlflow_server.pg_command("pg_ctl")
+    except mlflow_server.ServerError:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    version = mlflow_server._major(newest)
+    assert mlflow_server._major(mlflow_server.pg_command("pg_ctl", version)) == version
+    with pytest.raises(mlflow_server.ServerError, match=r"^PostgreSQL 9's pg_ctl not found \(the cluster was made by "
+                                                        r"PostgreSQL 9\): install postgresql-9, or pg_dump"):
+        mlflow_server.pg_command("pg_ctl", "9")

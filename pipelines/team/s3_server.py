@@ -272,6 +272,28 @@ def remove_key(folder: Path, name: str, bucket: str) -> bool:
     return _reload(folder, s3_identities.remove_user(folder, name), bucket, accepted=False)
 
 
+def backup(folder: Path, to: Path) -> int:
+    """Every object of the running server's two buckets, copied into ``to/BUCKET/KEY`` (as the admin, on this
+    machine), and its identities file; the number of objects."""
+    folder = folder.resolve()
+    found = service.running(folder)
+    if not found:
+        raise S3ServerError(f"{folder}: no S3 server runs; start it first")
+    client = _client(found["bind"], credentials(folder))
+    count = 0
+    for bucket in (found["bucket"], found["mlflow_bucket"]):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                target = to / bucket / item["Key"]
+                if to / bucket not in target.resolve().parents:
+                    raise S3ServerError(f"bucket {bucket}: key {item['Key']!r} leads outside the backup; not copied")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, item["Key"], str(target))
+                count += 1
+    service.write_secret(to / s3_identities.IDENTITIES, (folder / s3_identities.IDENTITIES).read_text())
+    return count
+
+
 def describe(server: S3Server, folder: Path, *, host: str, port: int) -> str:
     """What a start prints: where the server is (its public URL), the commands that point a repository at it,
     and how teammates and the MLflow server get their keys."""
