@@ -72,7 +72,7 @@ def start(folder: Path, *, host: str, port: int, s3_port: int, public_url: str |
     public = public_url or address.default_public_url(host, port)
     s3_public = s3_public_url or derived_s3_url(public, s3_port)
     folder.mkdir(parents=True, exist_ok=True)  # it holds the two servers' folders, each private
-    s3_state, _ = s3_server.start(s3, host=host, port=s3_port, public=s3_public)
+    s3_state, _ = s3_server.start(s3, host=host, port=s3_port, public=s3_public, say=say)
     try:
         os.environ.update(AWS_SHARED_CREDENTIALS_FILE=str(s3 / "mlflow.credentials"),
                           MLFLOW_S3_ENDPOINT_URL=s3_state.bind)

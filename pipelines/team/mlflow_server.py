@@ -724,6 +724,8 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         finally:
             os.umask(umask)
         _warm_up(local, (ADMIN, env["MLFLOW_AUTH_ADMIN_PASSWORD"]) if auth else None)
+        if note := address.unreachable_note(public):
+            say(note)
     except BaseException:
         cluster.stop()
         raise

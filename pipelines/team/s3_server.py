@@ -159,7 +159,7 @@ def _http_answers(url: str) -> bool:
 
 
 def start(folder: Path, *, host: str = "127.0.0.1", port: int = 9000, bucket: str = "dvc",
-          mlflow_bucket: str = "mlflow", public: str | None = None) -> tuple[S3Server, subprocess.Popen]:
+          mlflow_bucket: str = "mlflow", public: str | None = None, say=print) -> tuple[S3Server, subprocess.Popen]:
     """Start the store (``weed mini -s3=false``) and the S3 gateway (``weed s3``) in ``folder`` (the data in
     ``folder/data``), each leading a session of its own; the server and the S3 gateway's process."""
     folder = folder.resolve()
@@ -188,6 +188,8 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 9000, bucket: st
     except BaseException:
         end_group(store.pid, grace_s=STOP_TIMEOUT)
         raise
+    if note := address.unreachable_note(endpoint, "--public-url" if public else "--host"):
+        say(note)
     server = S3Server(endpoint=endpoint, bind=bind, bucket=bucket, mlflow_bucket=mlflow_bucket, pid=store.pid,
                       s3_pid=gateway.pid)
     service.write_state(folder, vars(server))
