@@ -8,7 +8,7 @@ PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install pipeline test doctor search lock team-server team-user team-stop tracking-server s3-server team-join
+.PHONY: install pipeline test doctor search lock team-server team-user team-stop team-backup tracking-server s3-server team-join
 
 # Every dependency at its locked version, then the project itself (editable, deps already there).
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -48,7 +48,7 @@ search: install
 # PUBLIC_URL where teammates reach the tracking server (S3's: the same host, port S3_PORT; or S3_PUBLIC_URL).
 #   make team-server HOST=0.0.0.0 PUBLIC_URL=http://team.example:5000
 #   make team-user NAME=alice          # writes FOLDER/users/alice.team.env (mode 600): hand it to alice
-#   make team-user NAME=alice ARGS=--reset | ARGS=--remove;  make team-stop
+#   make team-user NAME=alice ARGS=--reset | ARGS=--remove;  make team-backup (FOLDER/backups/DATE);  make team-stop
 HOST ?= 127.0.0.1
 PORT ?= 5000
 PUBLIC_URL ?=
@@ -64,6 +64,9 @@ team-user: install
 
 team-stop: install
 	python -m pipelines.team.lead stop $(if $(FOLDER),--folder $(FOLDER))
+
+team-backup: install
+	python -m pipelines.team.lead backup $(if $(FOLDER),--folder $(FOLDER)) $(ARGS)
 
 # Each team server on its own. The MLflow server: PostgreSQL and `mlflow server` with proxied artifacts, in its state folder outside the checkout
 # (/var/lib/detection-pipelines/tracking as root, else ~/.local/share/detection-pipelines/tracking; FOLDER=);

@@ -313,7 +313,12 @@ def server(s3):
         assert started.returncode == 0, started.stderr
         assert started.stdout.rstrip().endswith(f"export MLFLOW_TRACKING_URI={public}")  # the public URL, not 127.0.0.1
         head = mlflow_server.head_revision()
-        assert f"upgrading the MLflow schema from {older} to {head} (mlflow db upgrade)" in started.stdout
+        assert f"upgrading the MLflow schema from {older} to {head} (mlflow db upgrade); the database as it was is in " \
+            in started.stdout
+        kept = re.search(r"the database as it was is in (\S+\.dump) \(pg_restore\)", started.stdout)[1]
+        listed = subprocess.run([mlflow_server.pg_command("pg_restore", mlflow_server.Cluster(folder).version), "--list",
+                                 kept], capture_output=True, text=True)
+        assert "alembic_version" in listed.stdout and Path(kept).stat().st_mode & 0o077 == 0  # restorable, private
         state = json.loads((folder / "server.json").read_text())
         assert mlflow_server.schema_revision(mlflow_server.Cluster(folder), state["postgres_port"]) == head
         user = _server("--folder", str(folder), "user", "team", timeout=120)

@@ -282,3 +282,48 @@ def test_the_s3_server_prints_its_public_url_and_checks_signatures_made_for_that
         assert done.stdout.splitlines() == ["stored x", "refused ClientError SignatureDoesNotMatch"], done.stderr
     finally:
         s3_server.stop(folder)
+
+
+def test_a_clusters_postgresql_binaries_are_those_of_its_major_version():
+    """A cluster is run by the binaries of its ``PG_VERSION`` (another major version's ``pg_ctl`` refuses its data
+    folder); a version not installed is one line naming it."""
+    try:
+        newest = mlflow_server.pg_command("pg_ctl")
+    except mlflow_server.ServerError:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    version = mlflow_server._major(newest)
+    assert mlflow_server._major(mlflow_server.pg_command("pg_ctl", version)) == version
+    with pytest.raises(mlflow_server.ServerError, match=r"^PostgreSQL 9's pg_ctl not found \(the cluster was made by "
+                                                        r"PostgreSQL 9\): install postgresql-9, or pg_dump"):
+        mlflow_server.pg_command("pg_ctl", "9")
+
+
+def test_credentials_refused_mid_run_are_named_as_such_not_as_an_unreachable_store():
+    """A user removed or reset while a stage runs: the tracker goes offline with this reason, and its closing
+    warning names it (what the lead's `team-user --reset/--remove` does to a running teammate)."""
+    refused = MlflowException("API request to endpoint /api/2.0/mlflow/runs/log-batch failed with error code 401 != 200. "
+                              "Response body: 'You are not authenticated.'")
+    assert store.refused_credentials(refused) and wording.credentials_refused(refused)
+    assert wording.reason(refused).startswith("refusing this client's user and password (HTTP 401/403: the user was "
+                                              "removed or its password reset meanwhile")
+    host = MlflowException(f"failed with error code 403 != 200. Response body: '{INVALID_HOST_MSG}'")
+    assert not wording.credentials_refused(host) and wording.reason(host).startswith("refusing the name")
+
+
+def test_a_public_url_this_machine_cannot_reach_is_one_note_at_start():
+    """A typo in --public-url, or another machine's name: said in one line when the server starts (teammates would
+    otherwise learn it from make team-join's "does not answer")."""
+    from pipelines.lifetime import free_port
+
+    assert address.unreachable_note("http://typo.invalid:5000") == (
+        "note: --public-url http://typo.invalid:5000: typo.invalid does not resolve on this machine; teammates' "
+        "machines must resolve it to this one (DNS or /etc/hosts), or their make team-join stops with 'does not answer'")
+    port = free_port()
+    assert address.unreachable_note(f"http://127.0.0.1:{port}").startswith(
+        f"note: --public-url http://127.0.0.1:{port}: nothing answers there from this machine (")
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert address.unreachable_note(f"http://127.0.0.1:{listening.getsockname()[1]}") is None

@@ -68,6 +68,26 @@ def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def unreachable_note(public: str, option: str = "--public-url", timeout: float = 3.0) -> str | None:
+    """One ``note:`` line where this machine cannot reach the server it just started at its public URL: the name
+    does not resolve here, or nothing answers there (a typo, or the name of another machine). Not an error: a
+    name that only teammates' resolvers know, or a proxy reachable from outside only, is a valid set-up; but a
+    teammate whose ``team.env`` carries a wrong name is refused at ``make team-join`` with "does not answer"."""
+    parts = urlsplit(public)
+    host, port = parts.hostname or "", parts.port or DEFAULT_PORTS[parts.scheme]
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return (f"note: {option} {public}: {host} does not resolve on this machine; teammates' machines must resolve "
+                "it to this one (DNS or /etc/hosts), or their make team-join stops with 'does not answer'")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        return (f"note: {option} {public}: nothing answers there from this machine ({err.strerror or err}); check "
+                "that the name is this machine's, or that the proxy in front forwards to it")
+    return None
+
+
 def default_public_url(host: str, port: int) -> str:
     """The advertised URL without ``--public-url``: ``http://HOST:PORT``, this machine's name for a wildcard."""
     return f"http://{_bracketed(socket.gethostname() if host in WILDCARDS else host)}:{port}"

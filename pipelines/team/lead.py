@@ -3,6 +3,7 @@
     python -m pipelines.team.lead server --host 0.0.0.0 --public-url http://team.example:5000   # make team-server
     python -m pipelines.team.lead user alice     # make team-user NAME=alice: alice's team.env, mode 600
     python -m pipelines.team.lead user alice --reset | --remove
+    python -m pipelines.team.lead backup [--to DIR]   # make team-backup: databases, buckets, identities
     python -m pipelines.team.lead status | stop
 
 ``server`` starts, in the background and each in a folder of its own under ``--folder`` (default
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -70,7 +72,7 @@ def start(folder: Path, *, host: str, port: int, s3_port: int, public_url: str |
     public = public_url or address.default_public_url(host, port)
     s3_public = s3_public_url or derived_s3_url(public, s3_port)
     folder.mkdir(parents=True, exist_ok=True)  # it holds the two servers' folders, each private
-    s3_state, _ = s3_server.start(s3, host=host, port=s3_port, public=s3_public)
+    s3_state, _ = s3_server.start(s3, host=host, port=s3_port, public=s3_public, say=say)
     try:
         os.environ.update(AWS_SHARED_CREDENTIALS_FILE=str(s3 / "mlflow.credentials"),
                           MLFLOW_S3_ENDPOINT_URL=s3_state.bind)
@@ -140,6 +142,22 @@ def remove_user(folder: Path, name: str) -> str:
     return f"{name} removed: their MLflow password and S3 key are refused from now on"
 
 
+def backup(folder: Path, to: Path | None) -> str:
+    """The team's databases (``pg_dump``), both buckets' objects and the S3 identities, copied into ``to``
+    (default ``FOLDER/backups/DATE``, mode 700) while the servers run; what to print."""
+    folder = folder.resolve()
+    team_record(folder)
+    tracking, s3 = folders(folder)
+    to = (to or folder / "backups" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    if to.exists() and any(to.iterdir()):
+        raise TeamError(f"--to {to}: not empty; expected a new folder for the backup")
+    to.mkdir(mode=0o700, parents=True, exist_ok=True)
+    dumps = mlflow_server.backup(tracking, to / "tracking")
+    objects = s3_server.backup(s3, to / "s3")
+    return (f"backup in {to}: {', '.join(p.name for p in dumps)} (pg_restore), {objects} objects of the buckets and "
+            "the S3 identities (s3.json)")
+
+
 def status(folder: Path) -> str:
     tracking, s3 = folders(folder.resolve())
     lines = []
@@ -158,9 +176,10 @@ def stop(folder: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = service.parser(__doc__, actions=("server", "user", "status", "stop"), folder=str(service.state_folder("")),
+    parser = service.parser(__doc__, actions=("server", "user", "backup", "status", "stop"), folder=str(service.state_folder("")),
                             port=5000, helps={
-        "action": "server (start both servers, in the background), user NAME (a teammate's team.env), status, stop",
+        "action": "server (start both servers, in the background), user NAME (a teammate's team.env), backup "
+                  "(databases and buckets, --to DIR), status, stop",
         "folder": "the team's state, outside the checkout (default %(default)s)",
         "host": "the address both servers listen on (0.0.0.0: all); auth is on either way",
         "port": "the tracking server's port"})
@@ -172,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--service-user", default=mlflow_server.SERVICE_USER, metavar="USER",
                         help="started as root: the unprivileged user that runs the MLflow server (%(default)s)")
     parser.add_argument("--experiment", default="detection", help="the experiment teammates may edit (%(default)s)")
+    parser.add_argument("--to", type=Path, help="backup: the folder (default FOLDER/backups/DATE)")
     parser.add_argument("--out", type=Path, help="user: where to write the team.env (default FOLDER/users/NAME.team.env)")
     change = parser.add_mutually_exclusive_group()
     change.add_argument("--reset", action="store_true", help="user NAME --reset: a new password and key")
@@ -182,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("user: give the teammate's name (make team-user NAME=alice)")
         print(remove_user(args.folder, args.name) if args.remove else
               add_user(args.folder, args.name, out=args.out, reset=args.reset))
+    elif args.action == "backup":
+        print(backup(args.folder, args.to))
     elif args.name or args.reset or args.remove or args.out:
         parser.error(f"{args.name or '--reset/--remove/--out'}: goes with the action user NAME")
     elif args.action == "stop":

@@ -52,6 +52,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -78,15 +79,34 @@ TRACKING = service.Service("tracking server", "a", program="mlflow server", modu
                            error=ServerError)
 
 
-def pg_command(name: str) -> str:
-    """The path of PostgreSQL's ``name`` (``initdb``, ``pg_ctl``): on ``PATH``, else Debian's newest."""
+def pg_command(name: str, version: str | None = None) -> str:
+    """The path of PostgreSQL's ``name`` (``initdb``, ``pg_ctl``, ``pg_dump``): with ``version`` (a cluster's
+    ``PG_VERSION``), Debian's binaries of that major version, which a cluster needs (another major version's
+    ``pg_ctl`` refuses its data folder); else on ``PATH``, else Debian's newest."""
+    debian = Path("/usr/lib/postgresql")
+    if version:
+        if (debian / version / "bin" / name).is_file():
+            return str(debian / version / "bin" / name)
+        found = shutil.which(name)
+        if found and _major(found) == version:
+            return found
+        raise ServerError(f"PostgreSQL {version}'s {name} not found (the cluster was made by PostgreSQL {version}): "
+                          f"install postgresql-{version}, or pg_dump the databases with it and restore them into a "
+                          "new --folder")
     found = shutil.which(name)
     if found:
         return found
-    for folder in sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True):
+    for folder in sorted(debian.glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True):
         if (folder / name).is_file():
             return str(folder / name)
     raise ServerError(f"PostgreSQL's {name} not found: install Debian's postgresql (apt-get install postgresql)")
+
+
+def _major(program: str) -> str | None:
+    """The major version of a PostgreSQL program (``pg_ctl (PostgreSQL) 15.8`` -> ``15``)."""
+    done = subprocess.run([program, "--version"], capture_output=True, text=True)
+    words = done.stdout.split()
+    return words[-1].split(".")[0] if done.returncode == 0 and words else None
 
 
 def _as_owner(command: list[str]) -> list[str]:
@@ -117,6 +137,29 @@ class Cluster:
     def passfile(self) -> Path:
         return self.folder / "pgpass"
 
+    @property
+    def version(self) -> str | None:
+        """The cluster's PostgreSQL major version (``PG_VERSION``); None before ``initdb``."""
+        path = self.data / "PG_VERSION"
+        return path.read_text().strip() if path.is_file() else None
+
+    def program(self, name: str) -> str:
+        """PostgreSQL's ``name`` of this cluster's major version (:func:`pg_command`)."""
+        return pg_command(name, self.version)
+
+    def dump(self, port: int, database: str, path: Path) -> None:
+        """``pg_dump`` of ``database`` (custom format, for ``pg_restore``) into ``path`` (mode 600), as the
+        cluster's administrator over the private socket."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+            done = subprocess.run(_as_owner([self.program("pg_dump"), "-h", str(self.data), "-p", str(port), "-U",
+                                             SUPERUSER, "-Fc", database]), stdout=out, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            tmp.unlink(missing_ok=True)
+            raise ServerError(f"pg_dump {database} failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        tmp.replace(path)
+
     def init(self) -> bool:
         """Create the cluster if there is none (its administrator :data:`SUPERUSER`, with no password, and the
         password of the role :data:`ROLE` in ``pgpass``, which :meth:`ensure_database` creates); whether it was
@@ -144,7 +187,7 @@ class Cluster:
 
     def running_port(self) -> int | None:
         """The port of this cluster's server if it runs (``postmaster.pid``'s 4th line), else None."""
-        status = subprocess.run(_as_owner([pg_command("pg_ctl"), "-D", str(self.data), "status"]), capture_output=True)
+        status = subprocess.run(_as_owner([self.program("pg_ctl"), "-D", str(self.data), "status"]), capture_output=True)
         if status.returncode:
             return None
         lines = (self.data / "postmaster.pid").read_text().splitlines()
@@ -160,7 +203,7 @@ class Cluster:
         log = self.data / "server.log"
         offset = service.log_size(log)
         try:
-            _run(_as_owner([pg_command("pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "-t", "60", "-o",
+            _run(_as_owner([self.program("pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "-t", "60", "-o",
                             options, "start"]), f"starting PostgreSQL (log: {log})")
         except ServerError as err:  # pg_ctl says "Examine the log output.": the cause is in the log
             why = service.cause_since(log, offset)
@@ -169,7 +212,7 @@ class Cluster:
 
     def stop(self) -> None:
         if self.running_port():
-            _run(_as_owner([pg_command("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]),
+            _run(_as_owner([self.program("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]),
                  "stopping PostgreSQL")
 
     def uri(self, port: int) -> str:
@@ -232,6 +275,21 @@ def head_revision() -> str:
 
 AUTH_DATABASE = "mlflow_auth"
 ADMIN = "admin"
+BACKUPS = "backups"  # FOLDER/backups: the dump taken before a schema upgrade
+
+
+def backup(folder: Path, to: Path) -> list[Path]:
+    """``pg_dump`` of the running server's two databases (runs, users) into ``to``; the files written."""
+    folder = folder.resolve()
+    cluster = Cluster(folder)
+    port = cluster.running_port()
+    if not port:
+        raise ServerError(f"{folder}: its PostgreSQL does not run; start the tracking server first")
+    written = []
+    for database in (DATABASE, AUTH_DATABASE):
+        cluster.dump(port, database, to / f"{database}.dump")
+        written.append(to / f"{database}.dump")
+    return written
 
 
 def _secret(path: Path) -> str:
@@ -636,7 +694,10 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         env.setdefault(JOBS_ENV, "false")
         revision, head = schema_revision(cluster, pg_port), head_revision()
         if revision is not None and revision != head:
-            say(f"upgrading the MLflow schema from {revision} to {head} (mlflow db upgrade)")
+            kept = folder / BACKUPS / f"{DATABASE}-before-upgrade-{revision}-{time.strftime('%Y%m%d-%H%M%S')}.dump"
+            cluster.dump(pg_port, DATABASE, kept)
+            say(f"upgrading the MLflow schema from {revision} to {head} (mlflow db upgrade); the database as it was "
+                f"is in {kept} (pg_restore)")
             _run([_mlflow_command(), "db", "upgrade", cluster.uri(pg_port)], "mlflow db upgrade", env)
         permission = None
         if auth:
@@ -663,6 +724,8 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         finally:
             os.umask(umask)
         _warm_up(local, (ADMIN, env["MLFLOW_AUTH_ADMIN_PASSWORD"]) if auth else None)
+        if note := address.unreachable_note(public):
+            say(note)
     except BaseException:
         cluster.stop()
         raise

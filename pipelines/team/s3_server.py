@@ -159,7 +159,7 @@ def _http_answers(url: str) -> bool:
 
 
 def start(folder: Path, *, host: str = "127.0.0.1", port: int = 9000, bucket: str = "dvc",
-          mlflow_bucket: str = "mlflow", public: str | None = None) -> tuple[S3Server, subprocess.Popen]:
+          mlflow_bucket: str = "mlflow", public: str | None = None, say=print) -> tuple[S3Server, subprocess.Popen]:
     """Start the store (``weed mini -s3=false``) and the S3 gateway (``weed s3``) in ``folder`` (the data in
     ``folder/data``), each leading a session of its own; the server and the S3 gateway's process."""
     folder = folder.resolve()
@@ -188,6 +188,8 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 9000, bucket: st
     except BaseException:
         end_group(store.pid, grace_s=STOP_TIMEOUT)
         raise
+    if note := address.unreachable_note(endpoint, "--public-url" if public else "--host"):
+        say(note)
     server = S3Server(endpoint=endpoint, bind=bind, bucket=bucket, mlflow_bucket=mlflow_bucket, pid=store.pid,
                       s3_pid=gateway.pid)
     service.write_state(folder, vars(server))
@@ -270,6 +272,28 @@ def remove_key(folder: Path, name: str, bucket: str) -> bool:
     """Take ``name``'s key away (refused before this returns, where a server runs); whether a server ran. Raises
     KeyError for a name without a key."""
     return _reload(folder, s3_identities.remove_user(folder, name), bucket, accepted=False)
+
+
+def backup(folder: Path, to: Path) -> int:
+    """Every object of the running server's two buckets, copied into ``to/BUCKET/KEY`` (as the admin, on this
+    machine), and its identities file; the number of objects."""
+    folder = folder.resolve()
+    found = service.running(folder)
+    if not found:
+        raise S3ServerError(f"{folder}: no S3 server runs; start it first")
+    client = _client(found["bind"], credentials(folder))
+    count = 0
+    for bucket in (found["bucket"], found["mlflow_bucket"]):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                target = to / bucket / item["Key"]
+                if to / bucket not in target.resolve().parents:
+                    raise S3ServerError(f"bucket {bucket}: key {item['Key']!r} leads outside the backup; not copied")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, item["Key"], str(target))
+                count += 1
+    service.write_secret(to / s3_identities.IDENTITIES, (folder / s3_identities.IDENTITIES).read_text())
+    return count
 
 
 def describe(server: S3Server, folder: Path, *, host: str, port: int) -> str:

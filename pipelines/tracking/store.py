@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import TrackingError, first_line
-from .wording import NO_ANSWER, address, host_refused, plural, reason
+from .wording import NO_ANSWER, address, credentials_refused, plural, reason
 
 log = logging.getLogger("pipelines.tracking")
 
@@ -276,9 +276,7 @@ def refused_credentials(err: BaseException) -> bool:
     the 403 of a server that does not admit the name it was reached by (:func:`.wording.host_refused`)."""
     from mlflow.exceptions import MlflowException
 
-    if not isinstance(err, MlflowException) or host_refused(err):
-        return False
-    return err.get_http_status_code() in (401, 403) or bool(re.search(r"error code 40[13]\b", str(err)))
+    return isinstance(err, MlflowException) and credentials_refused(err)
 
 
 def open_client(uri: str, timeout: float):

@@ -42,6 +42,12 @@ def host_refusal(uri: str) -> str:
             "MLFLOW_TRACKING_URI to the URL it printed (docs/team.md)")
 
 
+def credentials_refused(err: BaseException) -> bool:
+    """The store answered 401 or 403 for the credentials, not for the name it was reached by (:func:`host_refused`)."""
+    status = getattr(err, "get_http_status_code", lambda: None)()
+    return not host_refused(err) and (status in (401, 403) or bool(re.search(r"error code 40[13]\b", str(err))))
+
+
 def reason(err: BaseException) -> str:
     """What is wrong with the store, in a few words, for a warning: ``err`` is what a store call raised."""
     text = str(err)
@@ -50,6 +56,9 @@ def reason(err: BaseException) -> str:
                 "allowed hosts)")
     if text.startswith(NO_ANSWER):
         return f"not answering ({err})"
+    if credentials_refused(err):
+        return ("refusing this client's user and password (HTTP 401/403: the user was removed or its password reset "
+                "meanwhile; a new team.env from the lead, then make team-join)")
     if "database is locked" in text or "database table is locked" in text:
         return "locked"
     if re.search(r"timed out|timeout", text, re.IGNORECASE):
