@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -147,7 +148,8 @@ def network() -> Iterator[Network]:
     net = Network(server=f"dp-{pid}-srv", client=f"dp-{pid}-cli", server_address=server_address,
                   client_address=client_address, name=f"team-{pid}.example", other_name=f"other-{pid}.example")
     links = (f"dp{pid}s", f"dp{pid}c")
-    hosts = ("127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
+    # this machine's own name too: torch.distributed resolves it to rendezvous (c10d warns, then waits, without it)
+    hosts = (f"127.0.0.1 localhost {socket.gethostname()}\n::1 localhost ip6-localhost\n"
              f"{server_address} {net.name} {net.other_name}\n")
     try:
         for namespace, link, own in ((net.server, links[0], server_address), (net.client, links[1], client_address)):

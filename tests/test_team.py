@@ -4,12 +4,13 @@ server's artifacts, and the shared tracking server (``python -m pipelines.team.m
 PostgreSQL cluster on a schema an older MLflow left, ``mlflow server --auth`` with proxied artifacts).
 
 In order: the server itself (upgrade, artifacts through the server into the bucket, secrets, an unprivileged
-server on a private folder, a database role that is no superuser, refusals, password reset and removal); the
-team benchmark; two clones and a ``dvc queue start -j 2`` sweep writing at once; one clone's results pushed
-and pulled into a fresh clone where nothing re-runs; the other's experiment handed to a colleague who
+server on a private folder, a database role that is no superuser, refusals, password reset and removal); two
+clones and a ``dvc queue start -j 2`` sweep writing at once; one clone's experiment handed to a colleague who
 evaluates it again without retraining; then outages (the database restarted under the server, the server
 stopped), a foreground server on the same data and one with workspaces, under which READ is read-only.
-Skipped where PostgreSQL is not installed."""
+Skipped where PostgreSQL is not installed. The lead's and teammates' commands across two hosts (a clone that
+joins, pushes and is pulled into another where nothing re-runs, the public name, every refusal from another
+host, a push resent after an outage, backups, the team benchmark's writers) are in test_team_netns.py."""
 
 import contextlib
 import json
@@ -34,7 +35,7 @@ from pipelines.team import mlflow_server, s3_server
 from pipelines.tracking.tracker import Tracker
 
 from .conftest import REPO
-from .test_pipeline import TINY_ONE_PROCESS, _copy_repo, _env, _repro
+from .test_pipeline import _copy_repo, _env
 from .test_sweep import wait_for_queue
 
 pytestmark = pytest.mark.slow
@@ -439,44 +440,6 @@ def test_a_second_server_on_the_folder_or_port_is_a_one_line_error(server):
     assert taken.returncode == 2 and "something already listens" in taken.stderr and len(taken.stderr.splitlines()) == 1
 
 
-# A client on a teammate's machine, whose resolver maps the team's names (*.example) to the server (here:
-# 127.0.0.1): the runs of each MLFLOW_TRACKING_URI given, or its one-line error, and its lineage link.
-RESOLVED = """
-import os, socket, sys
-real = socket.getaddrinfo
-socket.getaddrinfo = lambda host, *a, **k: real("127.0.0.1" if str(host).endswith(".example") else host, *a, **k)
-from pipelines.errors import TrackingError
-from pipelines.tracking import lineage
-from pipelines.tracking.tracker import Tracker
-for uri in sys.argv[1:]:
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    try:
-        tracker = Tracker.start(experiment="detection", params={})
-        tracker.finish()
-        print("link", lineage.run_url(tracker.experiment_id, tracker.run_id))
-    except TrackingError as err:
-        print("error", err)
-"""
-
-
-def test_the_public_name_is_admitted_and_another_is_refused_as_a_name_not_as_credentials(server):
-    """Through the name teammates use, the server records the run and the lineage link is under that name;
-    through a name it was not started for (a valid user's password in the URI itself), the client stops in one
-    line naming --public-url, not the credentials, with the password shown as ***."""
-    public, password = server["public_url"], server["credentials"]["MLFLOW_TRACKING_PASSWORD"]
-    other = public.replace(PUBLIC_NAME, "other.example")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(server["credentials"])
-    done = subprocess.run([sys.executable, "-c", RESOLVED, public, other.replace("//", f"//team:{password}@")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    link, refused = [line for line in done.stdout.splitlines() if line.startswith(("link ", "error "))]
-    assert re.fullmatch(rf"link {re.escape(public)}/#/experiments/\d+/runs/[0-9a-f]{{32}}", link), link
-    assert refused.startswith(f"error MLflow store {other.replace('//', '//***@')} refused the name 'other.example' "
-                              "(403 Invalid Host header, not a credentials problem): ") and "--public-url" in refused
-    assert password not in done.stdout + done.stderr
-
-
 START = ("import sys; from pipelines import cli; from pipelines.tracking.tracker import Tracker\n"
          "def main(argv):\n    t = Tracker.start(experiment='detection', params={'train.base_lr': 0.001}); t.finish()\n"
          "    print(t.run_id)\ncli.run(main)")
@@ -531,29 +494,6 @@ def test_a_reset_password_replaces_the_old_one_and_a_removed_user_is_refused(ser
     assert _status_as(url, "dave", new) == 401
     with pytest.raises(mlflow_server.ServerError, match=f"^user --reset: there is no user 'dave' on {url}$"):
         mlflow_server.change_user(folder, "dave", remove=False)
-
-
-def test_the_team_benchmark_times_both_stores_and_the_upload_through_the_server(as_team):
-    """benchmarks/team.py against this server, as its user: the stages on the tiny params against SQLite and
-    the server, and a checkpoint-sized file logged both ways, in one table."""
-    import mlflow
-
-    from benchmarks import team
-
-    command = [sys.executable, "-m", "benchmarks.team", "--server", as_team["url"], "--repeats", "1", "--megabytes",
-               "4", "--overrides", " ".join(TINY_ONE_PROCESS), "--json"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(figures["stages"]) == set(figures["upload"]) == {"sqlite", "server"}
-    for name in ("sqlite", "server"):
-        assert len(figures["stages"][name]["train_s"]) == len(figures["stages"][name]["evaluate_s"]) == 1
-        assert all(s > 0 for s in figures["stages"][name]["train_s"] + figures["upload"][name])
-    table = team.table(figures)
-    assert "| SQLite store (baseline) |" in table and "| 4 MB checkpoint logged as an artifact |" in table
-    uploads = [e for e in mlflow.MlflowClient(as_team["url"]).search_experiments()
-               if e.name.startswith("benchmark-upload-")]
-    assert uploads and all(e.artifact_location.startswith("mlflow-artifacts:") for e in uploads)  # the server's
 
 
 def _use_remote(repo, commands, prefix):
@@ -635,47 +575,6 @@ def test_two_clones_and_a_queued_sweep_write_to_one_server_at_once(writers, as_t
         assert "eval/AP" in evaluation.data.metrics
     assert {trainings[n].data.params["augment.name"] for n in names} == {"none", "flip"}
     assert all(password not in json.dumps([r.data.params, r.data.tags]) for r in runs)  # nor in any run
-
-
-def test_push_then_pull_into_a_fresh_clone_runs_nothing_again(writers, s3, tmp_path):
-    """Clone one's results, committed and pushed to the S3 remote; a fresh clone pulls them: nothing re-runs,
-    the same metrics and model. Credentials stay in ``.dvc/config.local``; an unreachable remote is one
-    error line and loses nothing locally."""
-    first = writers["repos"]["one"]
-    access_key, secret_key = s3["keys"]
-    _commit(first, "clone one's results")
-    _run(first, "dvc", "push")
-    for tracked in (".dvc/config", "dvc.lock", "params.yaml"):
-        assert secret_key not in (first / tracked).read_text() and access_key not in (first / tracked).read_text()
-    local = (first / ".dvc" / "config.local").read_text()  # the teammate's credentials file, not its secret
-    assert "credentialpath" in local and secret_key not in local
-    assert secret_key not in _run(first, "git", "log", "-p").stdout
-
-    # an unreachable remote: one error line naming it, nothing lost locally, the next push goes through
-    cache = sorted(p.relative_to(first) for p in (first / ".dvc" / "cache").rglob("*") if p.is_file())
-    down = f"http://127.0.0.1:{free_port()}"
-    _run(first, "dvc", "remote", "add", "down", "s3://dvc/down")
-    _run(first, "dvc", "remote", "modify", "down", "endpointurl", down)
-    failed = _run(first, "dvc", "push", "-r", "down", ok=False, env={"AWS_ACCESS_KEY_ID": access_key,
-                                                                   "AWS_SECRET_ACCESS_KEY": secret_key})
-    errors = [line for line in failed.stderr.splitlines() if line.startswith("ERROR")]
-    assert failed.returncode != 0 and len(errors) == 1 and down in errors[0], failed.stderr
-    assert sorted(p.relative_to(first) for p in (first / ".dvc" / "cache").rglob("*") if p.is_file()) == cache
-    _run(first, "dvc", "remote", "remove", "down")
-    pushed = _run(first, "dvc", "push", "-r", "team")
-    assert "up to date" in pushed.stdout + pushed.stderr
-
-    second = tmp_path / "second"
-    _run(tmp_path, "git", "clone", "-q", str(first), str(second))
-    for command in s3["commands"]:  # only the credentials: the remote itself came with git
-        if "--local" in command:
-            _run(second, *command.split())
-    _run(second, "dvc", "pull")
-    assert "up to date" in _run(second, "dvc", "status").stdout
-    assert _repro(second) == set()
-    shown = [json.loads(_run(repo, "dvc", "metrics", "show", "--json").stdout) for repo in (first, second)]
-    assert shown[0][""]["data"]["metrics/eval.json"] == shown[1][""]["data"]["metrics/eval.json"]
-    assert (second / "outputs/train/model_final.pth").read_bytes() == (first / "outputs/train/model_final.pth").read_bytes()
 
 
 def test_an_experiment_moves_to_a_colleague_who_evaluates_it_again_without_retraining(writers, as_team, s3, tmp_path):

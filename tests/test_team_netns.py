@@ -337,3 +337,110 @@ def test_from_the_client_only_s3_and_the_tracking_server_answer_and_only_with_cr
     expected = {port: "closed" for port in ports}
     expected.update({S3_PORT: "403", s3_grpc: "TLS refused: TLSV13_ALERT_CERTIFICATE_REQUIRED", TRACKING_PORT: "401"})
     assert answers == expected, (answers, listening)
+
+
+def test_a_push_that_failed_with_the_s3_server_down_is_sent_whole_by_the_next(net, team, first):
+    """The S3 server stopped under a teammate's ``dvc push``: one DVC error line naming the endpoint, a non-zero
+    exit, nothing lost; the server started again on the same folder, the next push sends everything and the
+    remote is in sync."""
+    repo, env = first["repo"], _client_env()
+    (repo / "notes").mkdir(exist_ok=True)
+    (repo / "notes" / "extra.bin").write_bytes(bytes(range(256)) * 64)
+    _in(net.client, "dvc", "add", "notes/extra.bin", cwd=repo, env=env)
+    s3 = json.loads((team["s3_folder"] / "server.json").read_text())
+    _in(net.server, sys.executable, "-m", "pipelines.team.s3_server", "stop", "--folder", team["s3_folder"])
+    cache = sorted(p.relative_to(repo) for p in (repo / ".dvc" / "cache").rglob("*") if p.is_file())
+    failed = _in(net.client, "dvc", "push", cwd=repo, env={**env, "AWS_MAX_ATTEMPTS": "1"}, ok=False, timeout=300)
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("ERROR")]
+    assert failed.returncode != 0 and len(errors) == 1 and team["s3"] in errors[0], failed.stderr[-2000:]
+    assert sorted(p.relative_to(repo) for p in (repo / ".dvc" / "cache").rglob("*") if p.is_file()) == cache
+    _in(net.server, sys.executable, "-m", "pipelines.team.s3_server", "--folder", team["s3_folder"], "--host",
+        net.server_address, "--port", S3_PORT, "--public-url", s3["endpoint"], "--detach", timeout=180)
+    pushed = _in(net.client, "dvc", "push", cwd=repo, env=env)
+    assert "1 file pushed" in pushed.stdout + pushed.stderr, pushed.stdout + pushed.stderr
+    assert "in sync" in _in(net.client, "dvc", "status", "--cloud", cwd=repo, env=env).stdout
+
+
+def test_a_backup_holds_both_databases_and_every_object_of_both_buckets(net, team, first):
+    """``lead backup`` while the servers run: restorable dumps of the runs' and the users' databases, a copy of
+    every object of the DVC and MLflow buckets, the S3 identities; a second backup into the same folder is one
+    line and writes nothing."""
+    to = team["s3_folder"].parent / "backup"
+    said = _in(net.server, sys.executable, "-m", "pipelines.team.lead", "backup", "--folder", team["s3_folder"].parent,
+               "--to", to, timeout=300).stdout
+    assert said.startswith(f"backup in {to}: mlflow.dump, mlflow_auth.dump (pg_restore), "), said
+    objects = int(re.search(r"(\d+) objects of the buckets", said)[1])
+    copied = [p for p in (to / "s3").rglob("*") if p.is_file() and p.name != "s3.json"]
+    assert objects == len(copied) and any(p.name == "model_final.pth" for p in copied)
+    assert {p.relative_to(to / "s3").parts[0] for p in copied} == {"dvc", "mlflow"}
+    version = mlflow_server.Cluster(team["tracking_folder"]).version
+    for dump, table in (("mlflow.dump", "runs"), ("mlflow_auth.dump", "users")):
+        listed = subprocess.run([mlflow_server.pg_command("pg_restore", version), "--list", to / "tracking" / dump],
+                                capture_output=True, text=True, check=True).stdout
+        assert f"TABLE DATA public {table} " in listed, listed[-2000:]
+    assert (to / "s3" / "s3.json").stat().st_mode & 0o077 == 0 and to.stat().st_mode & 0o077 == 0
+    again = _in(net.server, sys.executable, "-m", "pipelines.team.lead", "backup", "--folder", team["s3_folder"].parent,
+                "--to", to, ok=False)
+    assert again.returncode == 2 and again.stderr == f"error: --to {to}: not empty; expected a new folder for the backup\n"
+
+
+# A stage's tracker as carol in the client's namespace: started, one metric logged, then (after the test removed
+# carol on the server) more metrics and the finish: what the tracker says, in its log.
+REMOVED_MID_RUN = """
+    import logging, sys
+    from pipelines.tracking import store
+    from pipelines.tracking.tracker import Tracker
+    store.RECONNECT_INTERVAL = 0
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    tracker = Tracker.start(experiment="detection", params={})
+    tracker.log_metrics({"loss": 1.0}, step=0)
+    print("started", flush=True)
+    sys.stdin.readline()  # carol is removed meanwhile
+    for step in range(1, 4):
+        tracker.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+    tracker.finish()
+    print("finished", flush=True)
+"""
+
+
+def test_a_teammate_removed_mid_run_is_told_so_and_the_stage_finishes(net, team, tmp_path):
+    """``lead user carol --remove`` while carol's stage runs: the stage goes on (training is never stopped by the
+    store), its tracker says the server refuses carol's user and password, not that it is unreachable, and its
+    closing warning names what was not recorded."""
+    carol = _make_user(net, team, "carol", tmp_path / "carol.team.env")
+    values = dict(line.split("=", 1) for line in carol.read_text().splitlines() if "=" in line)
+    env = {**_client_env(), **{k: values[k] for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
+                                                      "MLFLOW_TRACKING_PASSWORD")}}
+    stage = subprocess.Popen(netns.exec_in(net.client, [sys.executable, "-c", textwrap.dedent(REMOVED_MID_RUN)]),
+                             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        assert stage.stdout.readline().strip() == "started"
+        _in(net.server, sys.executable, "-m", "pipelines.team.lead", "user", "carol", "--remove", "--folder",
+            team["s3_folder"].parent)
+        out, err = stage.communicate("go\n", timeout=300)
+    finally:
+        if stage.poll() is None:
+            stage.kill()
+    assert stage.returncode == 0 and "finished" in out, err[-3000:]
+    assert "refusing this client's user and password (HTTP 401/403: the user was removed or its password reset" in err
+    assert re.search(r"WARNING MLflow store \S+ refusing this client's user and password .*: .* not recorded", err), err
+
+
+def test_the_team_benchmarks_writers_log_at_once_through_the_link_and_every_value_is_read_back(net, team):
+    """``benchmarks.team``'s concurrent writers, as alice from the client's namespace against the team's server
+    (auth on): every value they logged is read back, and the table says so."""
+    from benchmarks import team as bench
+
+    values = _team_env(team)
+    env = {k: values[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    found = bench.writers(team["tracking"], count=2, runs=1, batches=3, env={**env, **SLOW_SERVER},
+                          prefix=tuple(netns.exec_in(net.client, [])))
+    assert found["values"] == found["present"] == 2 * 1 * 3 * 20 and found["values_per_s"] > 0
+    figures = {"config": {"writers": 2, "runs": 1, "batches": 3, "workers": 1, "link": "netns", "overrides": "tiny",
+                          "repeats": 1, "megabytes": 4},
+               "writers": {"sqlite": found, "server": found}, "stages": {"sqlite": {"train_s": [1.0], "evaluate_s": [1.0]}},
+               "upload": {"sqlite": [0.1]}}
+    table = bench.table(figures)
+    assert "2 writers at once" in table and "Every value was read back." in table
+    assert "| tracking server on PostgreSQL, auth on | 120 |" in table
