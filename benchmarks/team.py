@@ -30,6 +30,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,7 @@ import yaml
 from pipelines.cli import exit_now
 from pipelines.compose import compose_params
 from pipelines.lifetime import free_port
+from pipelines.team import mlflow_server
 
 from . import netns
 from .policies import train_and_evaluate
@@ -70,7 +72,7 @@ def _lead(*args: str, prefix: tuple[str, ...] = ()) -> str:
 
 
 @contextlib.contextmanager
-def team(root: Path, *, link: str, workers: int | None):
+def team(root: Path, *, link: str, workers: int | None, auth_cache: int | None):
     """The team's servers (``lead server``) and a teammate's settings: (tracking URI, the client environment,
     the prefix that runs a client: ``ip netns exec CLIENT`` or nothing)."""
     folder = root / "team"
@@ -85,6 +87,7 @@ def team(root: Path, *, link: str, workers: int | None):
         port, s3_port = free_port(), free_port()
         _lead("server", "--folder", str(folder), "--host", host, "--port", str(port), "--s3-port", str(s3_port),
               "--public-url", f"http://{name}:{port}", *(["--workers", str(workers)] if workers else []),
+              *(["--auth-cache", str(auth_cache)] if auth_cache is not None else []),
               *_service_user(), prefix=server)
         stack.callback(lambda: subprocess.run([*server, sys.executable, "-m", "pipelines.team.lead", "stop", "--folder",
                                                str(folder)], cwd=REPO, capture_output=True, timeout=120))
@@ -150,7 +153,7 @@ def _in(prefix: tuple[str, ...], function: str, *args) -> float:
 
 
 def measure(*, overrides: str, repeats: int, megabytes: int, link: str, workers: int | None, count: int, runs: int,
-            batches: int, root: Path) -> dict:
+            batches: int, root: Path, auth_cache: int | None = None) -> dict:
     params_file = root / "params.yaml"
     params_file.write_text(compose_params(REPO, shlex.split(overrides)))
     raw = yaml.safe_load(params_file.read_text())
@@ -166,7 +169,7 @@ def measure(*, overrides: str, repeats: int, megabytes: int, link: str, workers:
 
     sqlite = f"sqlite:///{root / 'mlflow.db'}"
     store.experiment_id(mlflow.MlflowClient(sqlite), EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
-    with team(root, link=link, workers=workers) as (url, env, client):
+    with team(root, link=link, workers=workers, auth_cache=auth_cache) as (url, env, client):
         stores = {"sqlite": (sqlite, {}, ()), "server": (url, env, client)}
         figures = {"writers": {name: writers(uri, count=count, runs=runs, batches=batches, env=e, prefix=p)
                                for name, (uri, e, p) in stores.items()}}
@@ -189,6 +192,7 @@ def measure(*, overrides: str, repeats: int, megabytes: int, link: str, workers:
     precision = resolve(raw["model"]["precision"], raw["model"]["channels_last"], torch.device("cpu")).precision
     return {"config": {"overrides": overrides, "repeats": repeats, "megabytes": megabytes, "precision": precision,
                        "link": link, "auth": True, "workers": workers, "writers": count, "runs": runs,
+                       "auth_cache": mlflow_server.AUTH_CACHE if auth_cache is None else auth_cache,
                        "batches": batches},
             "writers": figures["writers"], "stages": stages, "upload": upload}
 
@@ -217,7 +221,9 @@ def table(figures: dict) -> str:
     lines = []
     if w:
         lines += [f"{c['writers']} writers at once, {c['runs']} runs of {c['batches']} batches of 20 values each; the "
-                  f"server {link}, {c['workers'] or 'default'} worker(s). Every value was read back.", "",
+                  f"server {link}, {c['workers'] or 'default'} worker(s)"
+                  + (f", passwords remembered {c['auth_cache']} s per worker" if c.get("auth_cache") else
+                     ", every request's password checked") + ". Every value was read back.", "",
                   "| store | values | s | values/s | vs SQLite | call p50 ms | call p95 ms |", "|---|---|---|---|---|---|---|"]
         for name, f in w.items():
             lines.append(f"| {label[name]} | {f['values']} | {f['seconds']:.1f} | {f['values_per_s']:.0f} | "
@@ -250,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--link", choices=("netns", "loopback"),
                         help="netns: server and clients in two network namespaces (the default where they can be made)")
     parser.add_argument("--workers", type=int, help="the tracking server's processes (default: its own, from the cores)")
+    parser.add_argument("--auth-cache", type=int, help="the tracking server's --auth-cache seconds (default: its own)")
     parser.add_argument("--writers", type=int, default=4, help="concurrent writers (default %(default)s)")
     parser.add_argument("--runs", type=int, default=3, help="runs per writer (default %(default)s)")
     parser.add_argument("--batches", type=int, default=50, help="metric batches per run (default %(default)s)")
@@ -265,10 +272,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"note: {why}: the server and its clients share 127.0.0.1 (--link loopback)", file=sys.stderr)
     elif link == "netns" and (why := netns.available()):
         parser.error(f"--link netns: {why}")
+    # SIGTERM (a stopped benchmark) unwinds like Ctrl-C: the servers, namespaces and scratch folder go with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = Path(tempfile.mkdtemp(prefix="bench_team_"))
     try:
         figures = measure(overrides=args.overrides, repeats=args.repeats, megabytes=args.megabytes, link=link,
-                          workers=args.workers, count=args.writers, runs=args.runs, batches=args.batches, root=root)
+                          workers=args.workers, count=args.writers, runs=args.runs, batches=args.batches, root=root,
+                          auth_cache=args.auth_cache)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(figures) if args.json else table(figures))

@@ -65,7 +65,8 @@ def team_record(folder: Path) -> dict:
 
 
 def start(folder: Path, *, host: str, port: int, s3_port: int, public_url: str | None, s3_public_url: str | None,
-          workers: int | None, service_user: str, experiment: str, say=print) -> str:
+          workers: int | None, service_user: str, experiment: str, auth_cache: int = mlflow_server.AUTH_CACHE,
+          say=print) -> str:
     """Start the S3 server, then the tracking server on it (module docstring); what to print."""
     folder = folder.resolve()
     tracking, s3 = folders(folder)
@@ -78,7 +79,7 @@ def start(folder: Path, *, host: str, port: int, s3_port: int, public_url: str |
                           MLFLOW_S3_ENDPOINT_URL=s3_state.bind)
         server, _ = mlflow_server.start(tracking, host=host, port=port, public_url=public, auth=True, workspaces=True,
                                         artifacts=f"s3://{s3_state.mlflow_bucket}/artifacts", workers=workers,
-                                        service_user=service_user, say=say)
+                                        service_user=service_user, auth_cache=auth_cache, say=say)
     except BaseException:
         s3_server.stop(s3)
         raise
@@ -122,7 +123,8 @@ def add_user(folder: Path, name: str, *, out: Path | None, reset: bool = False) 
     (folder / "users").mkdir(mode=0o700, exist_ok=True)
     path = (out or folder / "users" / f"{name}.team.env").resolve()
     service.write_secret(path, team_env(record, name=name, password=password, key=key))
-    renewed = " (new password and key; the old ones are refused from now on)" if reset else ""
+    when = mlflow_server.refused_when(tracking)
+    renewed = f" (new password and key; the old password is refused {when}, the old key from now on)" if reset else ""
     return (f"{name}: MLflow user with EDIT on experiment {record['experiment']!r}, S3 key for bucket "
             f"{record['dvc_bucket']} (not deleting it){renewed}.\nTheir team.env (mode 600, shown nowhere else): "
             f"{path}\nHand that file over; in their clone they run: make team-join TEAM_ENV=/path/to/{path.name}")
@@ -139,7 +141,8 @@ def remove_user(folder: Path, name: str) -> str:
     except KeyError:
         pass  # an MLflow user without a key (made by hand): nothing to take away
     (folder / "users" / f"{name}.team.env").unlink(missing_ok=True)
-    return f"{name} removed: their MLflow password and S3 key are refused from now on"
+    return (f"{name} removed: their MLflow password is refused {mlflow_server.refused_when(tracking)}, their S3 key "
+            "from now on")
 
 
 def backup(folder: Path, to: Path | None) -> str:
@@ -188,6 +191,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--s3-public-url", type=address.public_url, metavar="URL",
                         help="the S3 server's public URL (default: --public-url's host, port --s3-port)")
     parser.add_argument("--workers", type=mlflow_server.worker_count, help="the tracking server's processes")
+    parser.add_argument("--auth-cache", type=mlflow_server.cache_seconds, default=mlflow_server.AUTH_CACHE,
+                        metavar="SECONDS", help="how long each tracking server worker remembers a checked password "
+                        "(default %(default)s; 0: every request checks it)")
     parser.add_argument("--service-user", default=mlflow_server.SERVICE_USER, metavar="USER",
                         help="started as root: the unprivileged user that runs the MLflow server (%(default)s)")
     parser.add_argument("--experiment", default="detection", help="the experiment teammates may edit (%(default)s)")
@@ -213,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         print(start(args.folder, host=args.host, port=args.port, s3_port=args.s3_port, public_url=args.public_url,
                     s3_public_url=args.s3_public_url, workers=args.workers, service_user=args.service_user,
-                    experiment=args.experiment))
+                    experiment=args.experiment, auth_cache=args.auth_cache))
 
 
 if __name__ == "__main__":

@@ -275,6 +275,7 @@ def head_revision() -> str:
 
 AUTH_DATABASE = "mlflow_auth"
 ADMIN = "admin"
+AUTH_CACHE = 60  # --auth-cache: seconds a worker remembers a checked password (MLflow's auth_cache_ttl_seconds)
 BACKUPS = "backups"  # FOLDER/backups: the dump taken before a schema upgrade
 
 
@@ -331,7 +332,7 @@ def kept_workspaces(config: Path) -> bool:
 
 
 def write_auth_config(folder: Path, *, database_uri: str, default_permission: str | None = None,
-                      workspaces: bool = False, say=print) -> str:
+                      workspaces: bool = False, auth_cache: int = 0, say=print) -> str:
     """Write ``FOLDER/basic_auth.ini`` (the basic-auth app's settings, no secret in it); its default permission.
 
     ``default_permission`` None keeps what the file holds (a lead's ``--default-permission`` or hand edit survives
@@ -348,12 +349,13 @@ def write_auth_config(folder: Path, *, database_uri: str, default_permission: st
                       f"database_uri = {database_uri}\n"
                       f"admin_username = {ADMIN}\n"
                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                      + (f"{WORKSPACES_KEY} = true\n" if workspaces else ""))
+                      + (f"{WORKSPACES_KEY} = true\n" if workspaces else "")
+                      + (f"auth_cache_ttl_seconds = {auth_cache}\n" if auth_cache else ""))
     return permission
 
 
 def _auth_environment(cluster: Cluster, port: int, *, default_permission: str | None, workspaces: bool | None,
-                      say) -> tuple[dict[str, str], str, bool]:
+                      auth_cache: int, say) -> tuple[dict[str, str], str, bool]:
     """The basic-auth app's settings (its users in the ``mlflow_auth`` database, :func:`write_auth_config`), the
     admin's password from ``FOLDER/admin-password`` (through the environment, never a file it reads); the
     default permission and whether workspaces are on (``workspaces`` None: as the last start had them)."""
@@ -364,7 +366,7 @@ def _auth_environment(cluster: Cluster, port: int, *, default_permission: str | 
     elif workspaces != kept:
         say(f"workspaces: {'off -> on' if workspaces else 'on -> off'} (--{'' if workspaces else 'no-'}workspaces)")
     permission = write_auth_config(cluster.folder, default_permission=default_permission, say=say,
-                                   workspaces=workspaces,
+                                   workspaces=workspaces, auth_cache=auth_cache,
                                    database_uri=f"postgresql+psycopg://{ROLE}@{cluster.host}:{port}/{AUTH_DATABASE}")
     return {"MLFLOW_AUTH_CONFIG_PATH": str(cluster.folder / "basic_auth.ini"),
             "MLFLOW_AUTH_ADMIN_PASSWORD": _secret(cluster.folder / "admin-password"),
@@ -535,6 +537,22 @@ def worker_count(text: str) -> int:
     return value
 
 
+def refused_when(folder: Path) -> str:
+    """When a reset or removed password is refused by the running server of ``folder``: at once with one worker
+    or no cache, else by every worker within its ``--auth-cache`` seconds."""
+    running = service.running(folder.resolve()) or {}
+    cache, workers = running.get("auth_cache", 0), running.get("workers", 1)
+    return "from now on" if not cache or workers == 1 else f"within {cache} s (--auth-cache) by every worker"
+
+
+def cache_seconds(text: str) -> int:
+    """``--auth-cache``: whole seconds, 0 to 3600 (argparse type)."""
+    value = int(text) if text.strip().isdigit() else -1
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected whole seconds from 0 to 3600, got {text!r}")
+    return value
+
+
 def _admin_url(folder: Path) -> str:
     """The URL of the running server of ``folder`` (with auth), this process logged in as its administrator."""
     running = service.running(folder)
@@ -627,12 +645,14 @@ class Server:
     default_permission: str | None = None  # with auth: new users'
     service_user: str = ""  # started as root: the unprivileged user that runs it
     workspaces: bool = False  # with auth: MLflow's workspaces, under which READ is read-only
+    auth_cache: int = 0  # with auth: seconds a checked password is remembered per worker
 
     def describe(self) -> str:
         listens = f"listening on {self.local_url}, " if self.local_url and self.local_url != self.url else ""
         listens += f"as user {self.service_user}, " if self.service_user else ""
         auth = f"auth on, new users {self.default_permission}" if self.auth else "no auth"
         auth += ", workspaces on (creating needs a grant)" if self.workspaces else ""
+        auth += f", passwords remembered {self.auth_cache} s" if self.auth and self.auth_cache else ""
         return (f"MLflow tracking server at {self.url} ({listens}{auth}, {self.workers} worker"
                 f"{'s' if self.workers != 1 else ''}, PostgreSQL on port {self.postgres_port}, artifacts in "
                 f"{self.artifacts}); clients: export MLFLOW_TRACKING_URI={self.url}")
@@ -658,7 +678,7 @@ def _warm_up(url: str, admin: tuple[str, str] | None) -> None:
 def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts: str | None = None,
           auth: bool = False, db_host: str = "127.0.0.1", public_url: str | None = None, workers: int | None = None,
           default_permission: str | None = None, service_user: str = SERVICE_USER, workspaces: bool | None = None,
-          say=print) -> tuple[Server, subprocess.Popen]:
+          auth_cache: int = AUTH_CACHE, say=print) -> tuple[Server, subprocess.Popen]:
     """Start PostgreSQL and ``mlflow server`` on it; the server and its process (in a session of its own).
 
     Started as root, the MLflow server runs as ``service_user`` (:func:`service_account`, :func:`server_python`);
@@ -702,7 +722,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         permission = None
         if auth:
             auth_env, permission, workspaces = _auth_environment(cluster, pg_port, default_permission=default_permission,
-                                                                 workspaces=workspaces, say=say)
+                                                                 workspaces=workspaces, auth_cache=auth_cache, say=say)
             env.update(auth_env)
         destination = artifacts or (folder / "artifacts").as_uri()
         secure_folder(folder, account, local_artifacts=not artifacts)
@@ -731,6 +751,7 @@ def start(folder: Path, *, host: str = "127.0.0.1", port: int = 5000, artifacts:
         raise
     server = Server(url=public, pid=process.pid, postgres_port=pg_port, artifacts=destination, auth=auth,
                     local_url=local, workers=workers, default_permission=permission, workspaces=bool(workspaces),
+                    auth_cache=auth_cache if auth else 0,
                     service_user=account.name if account else "")
     service.write_state(folder, vars(server))
     (folder / service.STATE).chmod(0o600)  # no secret, but nobody else's business either
@@ -771,6 +792,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workspaces", action=argparse.BooleanOptionalAction,
                         help="with auth: MLflow's workspaces, under which a user without a grant may read but not "
                              "create experiments or models (kept across restarts until given again; first: off)")
+    parser.add_argument("--auth-cache", type=cache_seconds, default=AUTH_CACHE, metavar="SECONDS",
+                        help="with auth: how long each worker remembers a checked password (default %(default)s; 0: "
+                             "every request checks its scrypt hash, ~0.1 s of CPU; a reset or removal is refused at "
+                             "once by the worker that made it, by the others within SECONDS)")
     parser.add_argument("--service-user", default=SERVICE_USER, metavar="USER",
                         help="started as root: the unprivileged user that runs the MLflow server, created if missing "
                              "(default %(default)s; root: keep root)")
@@ -786,8 +811,9 @@ def main(argv: list[str] | None = None) -> None:
         url = (service.running(args.folder.resolve()) or {}).get("url", "the server's URL")
         if args.reset or args.remove:
             password = change_user(args.folder, args.name, remove=args.remove)
-            print(f"user {args.name} removed: it is refused from now on" if args.remove else
-                  f"user {args.name}: new password {password} (shown once; the old one is refused from now on)")
+            when = refused_when(args.folder)
+            print(f"user {args.name} removed: it is refused {when}" if args.remove else
+                  f"user {args.name}: new password {password} (shown once; the old one is refused {when})")
             return
         password = add_user(args.folder, args.name, experiment=args.experiment)
         given = f"password {password}" if password else "its password unchanged"
@@ -809,7 +835,7 @@ def main(argv: list[str] | None = None) -> None:
         server, process = start(args.folder, host=args.host, port=args.port, artifacts=args.artifacts, auth=args.auth,
                                 public_url=args.public_url, workers=args.workers,
                                 default_permission=args.default_permission, service_user=args.service_user,
-                                workspaces=args.workspaces)
+                                workspaces=args.workspaces, auth_cache=args.auth_cache)
         return server.describe(), process
 
     TRACKING.serve(args.folder, start_it, detach=args.detach, stop=stop)
