@@ -221,7 +221,8 @@ def table(figures: dict) -> str:
     lines = []
     if w:
         lines += [f"{c['writers']} writers at once, {c['runs']} runs of {c['batches']} batches of 20 values each; the "
-                  f"server {link}, {c['workers'] or 'default'} worker(s)"
+                  f"server {link}, "
+                  + (f"{c['workers']} worker(s)" if c["workers"] else "its default workers (one per core, at most 4)")
                   + (f", passwords remembered {c['auth_cache']} s per worker" if c.get("auth_cache") else
                      ", every request's password checked") + ". Every value was read back.", "",
                   "| store | values | s | values/s | vs SQLite | call p50 ms | call p95 ms |", "|---|---|---|---|---|---|---|"]
