@@ -179,8 +179,8 @@ def stop(folder: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = service.parser(__doc__, actions=("server", "user", "backup", "status", "stop"), folder=str(service.state_folder("")),
-                            port=5000, helps={
+    parser = service.parser(__doc__, actions=("server", "user", "backup", "status", "stop"), port=5000,
+                            folder=str(service.state_folder("")), default_action="server", detach=False, helps={
         "action": "server (start both servers, in the background), user NAME (a teammate's team.env), backup "
                   "(databases and buckets, --to DIR), status, stop",
         "folder": "the team's state, outside the checkout (default %(default)s)",

@@ -147,19 +147,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (--help for usage)\n")
 
 
-def parser(doc: str, *, actions: tuple[str, ...], folder: str, port: int, helps: dict[str, str]):
+def parser(doc: str, *, actions: tuple[str, ...], folder: str, port: int, helps: dict[str, str],
+           default_action: str = "start", detach: bool = True):
     """The shared command line: ACTION (default start), --folder, --host, --port, --public-url, --detach;
     ``helps`` per option. Each is checked as it is read (:func:`port_number`, :func:`listen_host`,
     :func:`folder_path`, :func:`.address.public_url`); a bad one is one line, exit 2."""
     cli = _Parser(description=doc.splitlines()[0], epilog="docs/team.md")
-    cli.add_argument("action", nargs="?", choices=("start", *actions), default="start", help=helps.get("action"))
+    choices = actions if default_action in actions else (default_action, *actions)
+    cli.add_argument("action", nargs="?", choices=choices, default=default_action, help=helps.get("action"))
     cli.add_argument("--folder", type=folder_path, default=Path(folder), help=helps["folder"])
     cli.add_argument("--host", type=listen_host, default="127.0.0.1", help=helps["host"])
     cli.add_argument("--port", type=port_number, default=port, help=helps.get("port"))
     cli.add_argument("--public-url", type=address.public_url, metavar="URL",
                      help="the address teammates reach it at, printed for them (default http://HOST:PORT, this "
                           "machine's name for --host 0.0.0.0): http(s)://NAME[:PORT][/PATH]")
-    cli.add_argument("--detach", action="store_true", help="start it in the background and return")
+    if detach:
+        cli.add_argument("--detach", action="store_true", help="start it in the background and return")
     return cli
 
 
