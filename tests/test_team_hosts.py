@@ -252,7 +252,7 @@ S3_CLIENT = RESOLVED + """
 import sys, boto3
 from botocore.config import Config
 endpoint, key, secret = sys.argv[1:]
-for password in (secret, "0" + secret[1:]):
+for password in (secret, ("1" if secret[0] == "0" else "0") + secret[1:]):  # the wrong one differs
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key, aws_secret_access_key=password,
                           region_name="us-east-1", config=Config(retries={"max_attempts": 1}))
     try:

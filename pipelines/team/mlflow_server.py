@@ -149,8 +149,9 @@ class Cluster:
 
     def dump(self, port: int, database: str, path: Path) -> None:
         """``pg_dump`` of ``database`` (custom format, for ``pg_restore``) into ``path`` (mode 600), as the
-        cluster's administrator over the private socket."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        cluster's administrator over the private socket; its folder is made mode 700."""
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.chmod(0o700)
         tmp = path.with_suffix(".tmp")
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
             done = subprocess.run(_as_owner([self.program("pg_dump"), "-h", str(self.data), "-p", str(port), "-U",
