@@ -9,7 +9,12 @@ stages (``pipelines.launch stages.train``, then ``stages.evaluate``), so they sh
 initialisation, data order and augmentation draws: the comparison is paired. Every model is kept in
 ``--keep`` under a key of what training reads, so a candidate that changes only ``evaluate`` is scored on
 the baseline's very models (no training noise at all), and a comparison that was stopped resumes from
-the runs already finished (an interruption costs at most the run in progress).
+the runs already finished (an interruption costs at most the run in progress). Each finished arm (a
+seed's model scored on ``--images``) is also written as a small record to ``--records`` (default
+``benchmarks/records/arms``, committed), keyed by what it trained and evaluated, the hold and a digest of
+the source of every project module the stages import: a later checkout with the same code reuses it
+instead of training again, though its per-image matches are not kept, so a comparison with a reused arm
+has no paired image bootstrap (it says so). Any change to that code starts the arms afresh.
 
 The val split is raised to cover ``--images`` (indices into the synthetic val split; images 0-127 stay
 the default pipeline's, and the train split and its models do not change). Decide on 0-1023 and keep
@@ -30,6 +35,7 @@ model bit for bit); screen in bf16 on the fast class if you must, never mixing t
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -52,6 +58,7 @@ from pipelines.lifetime import parent_death_signal
 from .precision import CLASSES
 
 REPO = Path(__file__).resolve().parents[1]
+RECORDS = REPO / "benchmarks" / "records" / "arms"
 MAX_SEEDS = 64
 ARMS = ("baseline", "candidate")
 # the figures compared per seed: AP, AP at five IoU thresholds, AP per object size
@@ -138,6 +145,42 @@ def evaluation_key(raw: dict, model: str) -> str:
     return digest([model, detecting, raw["dataset"]["val_size"]])
 
 
+STAGES = ("stages.prepare", "stages.cache", "stages.train", "stages.evaluate", "pipelines.launch")
+
+
+def stage_modules() -> list[str]:
+    """Every project module that the stages a comparison runs import, directly or not, at module level or in a
+    function (the import graph)."""
+    import grimp
+
+    graph = grimp.build_graph("pipelines", "stages", include_external_packages=False)
+    return sorted(set(STAGES).union(*(graph.find_upstream_modules(m) for m in STAGES)))
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the source of :func:`stage_modules` and of torch's and torchvision's versions."""
+    import torch
+    import torchvision
+
+    h = hashlib.sha256(f"{torch.__version__} {torchvision.__version__}".encode())
+    for module in stage_modules():
+        path = REPO.joinpath(*module.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        h.update(f"{module}\0".encode() + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def arm_key(raw: dict, images: range, hold: str | None) -> dict:
+    """What an arm's figures depend on: its training, its evaluation, the seed, the images scored, the CPU
+    class it ran in and the code."""
+    from benchmarks.record import machine
+
+    model = f"{training_key(raw)}-s{raw['seed']}"
+    return {"model": model, "evaluation": evaluation_key(raw, model), "images": [images.start, images.stop - 1],
+            "class": f"held to {hold}" if hold else machine()["class"], "code": code_digest()}
+
+
 def _without_off(value):
     if isinstance(value, dict):
         return {k: _without_off(v) for k, v in value.items() if v is not None and v is not False}
@@ -147,8 +190,8 @@ def _without_off(value):
 class Runner:
     """Trains and evaluates in ``keep``: each model and each evaluation is kept as it finishes and found again."""
 
-    def __init__(self, keep: Path, hold: str | None, dataset: dict):
-        self.keep, self.hold = keep, hold
+    def __init__(self, keep: Path, hold: str | None, dataset: dict, records: Path | None = None):
+        self.keep, self.hold, self.records = keep, hold, records
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
         # the stages' own runs go to a store in the folder; the comparison's runs go to the user's
         self.env.update(MLFLOW_TRACKING_URI=f"sqlite:///{(keep / 'mlflow.db').resolve()}", DVC_ROOT=str(keep.resolve()))
@@ -203,7 +246,7 @@ class Runner:
 
     def model(self, raw: dict, data: Path) -> Path:
         """The model trained on ``raw`` (kept under its training key and seed)."""
-        folder = self.keep / "models" / f"{training_key(raw)}-s{raw['seed']}"
+        folder = self._model_folder(raw)
         if not (folder / "model.pth").is_file():
             print(f"seed {raw['seed']}: training ({folder.name})", file=sys.stderr, flush=True)
             with atomic_dir(folder) as tmp:
@@ -219,11 +262,45 @@ class Runner:
                 write_json(tmp / "seconds.json", {"train": seconds})
         return folder
 
+    def _model_folder(self, raw: dict) -> Path:
+        return self.keep / "models" / f"{training_key(raw)}-s{raw['seed']}"
+
+    def _evaluation_folder(self, raw: dict, model: str) -> Path:
+        return self.keep / "evaluations" / f"{evaluation_key(raw, model)}-s{raw['seed']}"
+
+    def arm(self, raw: dict, data: Path, images: range, gt: Path, ids: set[int]):
+        """``raw``'s model scored on ``images``: its run (model, its SHA-256, precision, figures, seconds) and
+        the per-image matches, or None for the matches where the run is reused from ``records``. An
+        evaluation kept in the folder comes first (it has its matches), then a record, then training and
+        evaluating; a run that ran is written to ``records``."""
+        from benchmarks.record import machine
+        from pipelines import ap_bootstrap, checkpoint
+        from pipelines.evaluation import image_matches
+
+        record = None
+        if self.records is not None:
+            key = arm_key(raw, images, self.hold)
+            record = self.records / f"{digest(key)}.json"
+            kept = self._evaluation_folder(raw, key["model"]) / "detections.json"
+            if record.is_file() and not kept.is_file():
+                return json.loads(record.read_text())["run"], None
+        model = self.model(raw, data)
+        detections, seconds = self.detections(raw, data, model)
+        matches = image_matches(gt, [d for d in detections if d["image_id"] in ids])
+        point = ap_bootstrap.figures(matches)
+        run = {"model": model.name, "model_sha256": hashlib.sha256((model / "model.pth").read_bytes()).hexdigest(),
+               "precision": checkpoint.load(model / "model.pth")["precision"],
+               "figures": {k: None if np.isnan(v) else float(v) for k, v in zip(ap_bootstrap.FIGURES, point)},
+               "seconds": {**json.loads((model / "seconds.json").read_text()), **seconds}}
+        if record is not None and not record.is_file():
+            record.parent.mkdir(parents=True, exist_ok=True)
+            write_json(record, {"key": key, "run": run, "machine": machine()})
+        return run, matches
+
     def detections(self, raw: dict, data: Path, model: Path) -> tuple[list[dict], dict]:
         """The detections of ``model`` on the whole val split with ``raw``'s evaluate settings (kept), and the
         evaluation's wall time."""
-        key = evaluation_key(raw, model.name)
-        folder = self.keep / "evaluations" / f"{key}-s{raw['seed']}"
+        folder = self._evaluation_folder(raw, model.name)
         if not (folder / "detections.json").is_file():
             print(f"seed {raw['seed']}: evaluating ({folder.name})", file=sys.stderr, flush=True)
             with atomic_dir(folder) as tmp:
@@ -272,25 +349,15 @@ def compare(args) -> dict:
     arms = {"baseline": compose(args.baseline, images), "candidate": compose(args.baseline + args.set, images)}
     if arms["baseline"] == arms["candidate"]:
         raise ConfigError(f"-S: {' '.join(args.set) or '(nothing)'} leaves the baseline as it is: nothing to compare")
-    runner = Runner(args.keep, args.hold, arms["baseline"]["dataset"])
+    runner = Runner(args.keep, args.hold, arms["baseline"]["dataset"], args.records)
     data = runner.data(arms["baseline"])
     gt, ids = subset_ground_truth(data, images)
-    kept = {}
-    for seed in seeds:  # every run first, each kept as it finishes
-        for arm, raw in arms.items():
-            raw = {**raw, "seed": seed}
-            model = runner.model(raw, data)
-            kept[arm, seed] = model, runner.detections(raw, data, model)
-    from pipelines import ap_bootstrap, checkpoint
-    from pipelines.evaluation import image_matches
-
     runs, matches = {}, {}
-    for (arm, seed), (model, (detections, seconds)) in kept.items():
-        matches[arm, seed] = image_matches(gt, [d for d in detections if d["image_id"] in ids])
-        point = ap_bootstrap.figures(matches[arm, seed])
-        runs[arm, seed] = {"model": model.name, "precision": checkpoint.load(model / "model.pth")["precision"],
-                           "figures": {k: None if np.isnan(v) else float(v) for k, v in zip(ap_bootstrap.FIGURES, point)},
-                           "seconds": {**json.loads((model / "seconds.json").read_text()), **seconds}}
+    for seed in seeds:  # every run kept as it finishes
+        for arm, raw in arms.items():
+            runs[arm, seed], matches[arm, seed] = runner.arm({**raw, "seed": seed}, data, images, gt, ids)
+    from pipelines import ap_bootstrap
+
     precisions = sorted({r["precision"] for r in runs.values()})
     if len(precisions) > 1:  # e.g. a candidate that sets model.precision: not a comparison of one arithmetic
         raise ConfigError(f"the arms trained in different precisions ({', '.join(precisions)}); compare within one")
@@ -298,19 +365,23 @@ def compare(args) -> dict:
                        for k in COMPARED} for seed in seeds}
     deltas = [per_seed[s]["AP"] for s in seeds]
     ci = t_interval(deltas)
-    # the paired image bootstrap: the same resampled images for every arm and seed
+    # the paired image bootstrap: the same resampled images for every arm and seed (not for runs reused
+    # from records, which keep no per-image matches)
     order = [(arm, seed) for seed in seeds for arm in ARMS]
-    drawn = ap_bootstrap.resampled_figures([matches[k] for k in order], args.resamples, seed=0)
-    ap = drawn[:, :, ap_bootstrap.FIGURES.index("AP")].reshape(args.resamples, len(seeds), 2)
-    mean_deltas = (ap[:, :, 1] - ap[:, :, 0]).mean(axis=1)
-    boot = tuple(float(x) for x in np.quantile(mean_deltas, [0.025, 0.975]))
+    boot = None
+    if all(matches[k] is not None for k in order):
+        drawn = ap_bootstrap.resampled_figures([matches[k] for k in order], args.resamples, seed=0)
+        ap = drawn[:, :, ap_bootstrap.FIGURES.index("AP")].reshape(args.resamples, len(seeds), 2)
+        mean_deltas = (ap[:, :, 1] - ap[:, :, 0]).mean(axis=1)
+        boot = [float(x) for x in np.quantile(mean_deltas, [0.025, 0.975])]
     return {"name": args.name or " ".join(args.set), "baseline": args.baseline, "candidate": args.set,
             "seeds": seeds, "images": [images.start, images.stop - 1], "hold": args.hold, "precision": precisions[0],
             "saves_time": args.saves_time,
             "runs": [{"arm": arm, "seed": seed, **runs[arm, seed]} for seed in seeds for arm in ARMS],
             "per_seed": {str(s): per_seed[s] for s in seeds},
             "per_seed_delta": {str(s): per_seed[s]["AP"] for s in seeds},
-            "mean_delta": statistics.fmean(deltas), "ci95": list(ci), "bootstrap95": list(boot),
+            "mean_delta": statistics.fmean(deltas), "ci95": list(ci), "bootstrap95": boot,
+            "reused": sum(matches[k] is None for k in order),
             "mean": {k: statistics.fmean(v for s in seeds if (v := per_seed[s][k]) is not None) for k in COMPARED
                      if any(per_seed[s][k] is not None for s in seeds)},
             "verdict": verdict(deltas, ci, saves_time=args.saves_time)}
@@ -337,7 +408,7 @@ def log_to_mlflow(f: dict, experiment: str) -> str:
     client.log_param(pid, "seeds", ",".join(map(str, f["seeds"])))
     client.log_param(pid, "images", "{}-{}".format(*f["images"]))
     for name, value in (("mean_delta_AP", f["mean_delta"]), ("ci95_low", f["ci95"][0]), ("ci95_high", f["ci95"][1]),
-                        ("bootstrap95_low", f["bootstrap95"][0]), ("bootstrap95_high", f["bootstrap95"][1])):
+                        *(zip(("bootstrap95_low", "bootstrap95_high"), f["bootstrap95"] or ()))):
         client.log_metric(pid, name, value)
     for r in f["runs"]:
         child = client.create_run(exp, run_name=f"{r['arm']} seed {r['seed']}",
@@ -369,9 +440,11 @@ def table(f: dict) -> str:
         lines.append(f"| {s} | {_fmt(base[s]['figures']['AP'], False)} | {_fmt(cand[s]['figures']['AP'], False)} | "
                      + " | ".join(_fmt(d[k]) for k in COMPARED) + " |")
     lines.append("| mean | | | " + " | ".join(_fmt(f["mean"].get(k)) for k in COMPARED) + " |")
+    boot = (f"paired image bootstrap 95% [{f['bootstrap95'][0]:+.4f}, {f['bootstrap95'][1]:+.4f}]"
+            if f["bootstrap95"] else f"no paired image bootstrap ({f['reused']} runs reused from records keep no "
+            "per-image matches)")
     lines += ["", f"Mean ΔAP {f['mean_delta']:+.4f}, t 95% interval [{f['ci95'][0]:+.4f}, {f['ci95'][1]:+.4f}], "
-                  f"paired image bootstrap 95% [{f['bootstrap95'][0]:+.4f}, {f['bootstrap95'][1]:+.4f}]; "
-                  f"verdict: **{f['verdict']}**."]
+                  f"{boot}; verdict: **{f['verdict']}**."]
     return "\n".join(lines)
 
 
@@ -384,6 +457,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, images: str) -> None:
     parser.add_argument("--keep", type=Path, default=REPO / "outputs" / "compare",
                         help="where models and detections are kept and found again (default outputs/compare)")
     parser.add_argument("--hold", choices=[k for k in CLASSES if k != "native"], help="run the stages held to this class")
+    parser.add_argument("--records", type=Path, default=RECORDS,
+                        help="where each finished arm's figures are written and found again across checkouts "
+                             "(default benchmarks/records/arms)")
 
 
 def main(argv: list[str] | None = None) -> None:

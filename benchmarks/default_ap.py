@@ -14,11 +14,8 @@ how a reader checks that the record is the default's.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
-
-import numpy as np
 
 from pipelines import cli
 
@@ -30,27 +27,17 @@ SHOWN = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 def measure(args) -> dict:
     seeds, images = parse_seeds(args.seeds), parse_images(args.images)
     raw = compose(args.baseline, images)
-    runner = Runner(args.keep, args.hold, raw["dataset"])
+    runner = Runner(args.keep, args.hold, raw["dataset"], args.records)
     data = runner.data(raw)
     gt, ids = subset_ground_truth(data, images)
-    kept = {}
-    for seed in seeds:
-        model = runner.model({**raw, "seed": seed}, data)
-        kept[seed] = model, runner.detections({**raw, "seed": seed}, data, model)[0]
-    from pipelines import ap_bootstrap, checkpoint
-    from pipelines.evaluation import image_matches
-
-    per_seed, precision = {}, set()
-    for seed, (model, detections) in kept.items():
-        point = ap_bootstrap.figures(image_matches(gt, [d for d in detections if d["image_id"] in ids]))
-        per_seed[str(seed)] = {k: None if np.isnan(v) else float(v) for k, v in zip(ap_bootstrap.FIGURES, point)}
-        precision.add(checkpoint.load(model / "model.pth")["precision"])
+    runs = {seed: runner.arm({**raw, "seed": seed}, data, images, gt, ids)[0] for seed in seeds}
+    per_seed = {str(seed): run["figures"] for seed, run in runs.items()}
+    precision = {run["precision"] for run in runs.values()}
     aps = [per_seed[str(s)]["AP"] for s in seeds]
-    first = kept[seeds[0]][0] / "model.pth"
     return {"baseline": args.baseline, "seeds": seeds, "images": [images.start, images.stop - 1], "hold": args.hold,
             "precision": ", ".join(sorted(precision)), "per_seed": per_seed, "mean_AP": statistics.fmean(aps),
             "ci95": list(t_interval(aps)), "min_AP": min(aps), f"seed{seeds[0]}_model_sha256":
-            hashlib.sha256(first.read_bytes()).hexdigest()}
+            runs[seeds[0]]["model_sha256"]}
 
 
 def table(f: dict) -> str:

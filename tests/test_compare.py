@@ -69,7 +69,9 @@ def test_an_evaluation_only_candidate_is_scored_on_the_baselines_models_and_resu
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     keep = tmp_path / "keep"
-    argv = [*TINY, "-S", "evaluate.tta=false", "--seeds", "0-1", "--keep", str(keep), "--json", "--name", "no-tta"]
+    records = tmp_path / "records"
+    argv = [*TINY, "-S", "evaluate.tta=false", "--seeds", "0-1", "--keep", str(keep), "--json", "--name", "no-tta",
+            "--records", str(records)]
     cli.run(compare.main, argv)
     f = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # two seeds, two arms; one model per seed: the candidate changes evaluation alone
@@ -92,8 +94,13 @@ def test_an_evaluation_only_candidate_is_scored_on_the_baselines_models_and_resu
         ("baseline", "0"), ("baseline", "1"), ("candidate", "0"), ("candidate", "1")]
     assert {c.data.metrics["AP"] for c in children} == {r["figures"]["AP"] for r in f["runs"]}
 
-    # stopped after some runs: only what is missing runs again, and the figures are the same
+    # stopped after some runs (an evaluation, and so its record, not written): only what is missing runs again,
+    # and the figures are the same
     missing = sorted((keep / "evaluations").iterdir())[0]
+    for record in records.iterdir():
+        key = json.loads(record.read_text())["key"]
+        if f"{key['evaluation']}-s{key['model'].rsplit('-s', 1)[1]}" == missing.name:
+            record.unlink()
     for path in sorted(missing.iterdir()):
         path.unlink()
     missing.rmdir()
@@ -108,13 +115,38 @@ def test_an_evaluation_only_candidate_is_scored_on_the_baselines_models_and_resu
 
     before = sorted(p.name for p in keep.rglob("*"))
     cli.run(default_ap.main, ["--baseline", "profile=ci", "--images", "0-7", "--seeds", "0-1", "--keep", str(keep),
-                              "--json"])
+                              "--records", str(records), "--json"])
     d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(p.name for p in keep.rglob("*")) == before  # nothing trained or evaluated again
     assert [d["per_seed"][s]["AP"] for s in ("0", "1")] == [runs["baseline", s]["figures"]["AP"] for s in (0, 1)]
     assert d["mean_AP"] == pytest.approx((d["per_seed"]["0"]["AP"] + d["per_seed"]["1"]["AP"]) / 2)
     seed0 = keep / "models" / runs["baseline", 0]["model"] / "model.pth"
     assert d["seed0_model_sha256"] == hashlib.sha256(seed0.read_bytes()).hexdigest()
+
+    # a new checkout keeps no models, only the committed records of each arm: the comparison is the same
+    # without training or evaluating, and says that it has no image bootstrap
+    assert len(list(records.iterdir())) == 4  # an arm per seed and evaluation; the candidate's reuses its model
+    import shutil
+
+    shutil.rmtree(keep)
+    cli.run(compare.main, [a for a in argv if a != "--json"])
+    shown = capsys.readouterr().out
+    assert "no paired image bootstrap (4 runs reused from records" in shown and "verdict" in shown
+    assert not (keep / "models").exists() and not (keep / "evaluations").exists()
+    cli.run(compare.main, argv)
+    reused = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {k: reused[k] for k in ("per_seed_delta", "ci95", "verdict")} == {k: f[k] for k in ("per_seed_delta", "ci95", "verdict")}
+    assert reused["bootstrap95"] is None and reused["reused"] == 4
+    # another hold (or another version of the code the stages import) is another key: nothing is reused
+    assert compare.arm_key({**compare.compose(["profile=ci"], range(8)), "seed": 0}, range(8), "avx2") != \
+        compare.arm_key({**compare.compose(["profile=ci"], range(8)), "seed": 0}, range(8), None)
+
+
+def test_the_code_digest_covers_what_the_stages_import_and_nothing_else():
+    modules = compare.stage_modules()
+    assert {"stages.train", "stages.evaluate", "pipelines.model", "pipelines.evaluation", "pipelines.solver",
+            "pipelines.data.autoaug.zoom"} <= set(modules)
+    assert not any(m.startswith(("pipelines.team", "benchmarks", "stages.search")) for m in modules)
 
 
 def test_the_training_key_ignores_evaluation_and_settings_left_off():
