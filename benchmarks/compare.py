@@ -200,6 +200,11 @@ class Runner:
                 self.env.pop(key, None)
             self.env.update(CLASSES[hold])
         self._check_folder(dataset)
+        if records is not None and records.is_dir():
+            stale = sum(json.loads(r.read_text())["key"]["code"] != code_digest() for r in records.glob("*.json"))
+            if stale:
+                print(f"{records}: {stale} arm records were made by other code than the stages' now (digest "
+                      f"{code_digest()}): they are not reused", file=sys.stderr, flush=True)
 
     def _check_folder(self, dataset: dict) -> None:
         from benchmarks.record import machine

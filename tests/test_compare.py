@@ -137,6 +137,11 @@ def test_an_evaluation_only_candidate_is_scored_on_the_baselines_models_and_resu
     reused = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {k: reused[k] for k in ("per_seed_delta", "ci95", "verdict")} == {k: f[k] for k in ("per_seed_delta", "ci95", "verdict")}
     assert reused["bootstrap95"] is None and reused["reused"] == 4
+    # records of other code are not reused, and the comparison says how many it found
+    first = sorted(records.iterdir())[0]
+    first.write_text(first.read_text().replace(compare.code_digest(), "0" * 16))
+    cli.run(compare.main, argv)
+    assert "1 arm records were made by other code" in capsys.readouterr().err
     # another hold (or another version of the code the stages import) is another key: nothing is reused
     assert compare.arm_key({**compare.compose(["profile=ci"], range(8)), "seed": 0}, range(8), "avx2") != \
         compare.arm_key({**compare.compose(["profile=ci"], range(8)), "seed": 0}, range(8), None)
