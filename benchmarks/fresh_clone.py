@@ -5,7 +5,8 @@ One command gives the figures a CPU class is judged by (docs/hardware.md), in on
 - **The doctor's prediction**: ``python -m pipelines.doctor --json`` in the copy, before anything runs.
 - **The pipeline**: ``dvc repro`` of the copy's ``params.yaml`` (``make pipeline`` after the install), its
   wall time and each stage's (from the moment DVC says ``Running stage``), the precision and layout the
-  train stage chose and why (its first line), and the AP on the val split.
+  train stage chose and why (its first line), the AP on the val split and the SHA-256 of the trained model
+  (two runs of one class, or of a class and a hold to it, give the same model when they give the same hash).
 - **The tests**: the Makefile's ``test`` command (``make test`` after the install) in the copy, its wall
   time and counts, against the 15-minute budget.
 
@@ -26,6 +27,7 @@ The copy and its logs go to a temporary folder, removed at the end unless someth
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -43,6 +45,7 @@ from pipelines.errors import PipelineError
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 15 * 60  # the test suite's, on either CPU class (docs/development.md, "Tests")
 STAGE = re.compile(r"Running stage '([\w/.:-]+)'")
+MODEL = Path("outputs/train/model_final.pth")  # the train stage's model (dvc.yaml)
 FIRST = re.compile(r" train INFO: (.*)$")  # a record of the train stage's log
 
 
@@ -140,6 +143,7 @@ def measure(workdir: Path, overrides: list[str], tests: str | None) -> dict:
     report = json.loads(doctor.stdout)
     pipeline = _timed_repro(repo, env, workdir / "repro.log")
     metrics = json.loads((repo / "metrics" / "eval.json").read_text())
+    model = hashlib.sha256((repo / MODEL).read_bytes()).hexdigest()
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     figures = {
@@ -148,7 +152,8 @@ def measure(workdir: Path, overrides: list[str], tests: str | None) -> dict:
         "source": {"commit": commit.strip(), "uncommitted_changes": bool(dirty.strip()), "overrides": overrides},
         "compute": report["compute"],
         "predicted_s": report["prediction_s"],
-        "pipeline": {**pipeline, **{k: metrics[k] for k in ("AP", "AP50", "APs", "AP_low", "AP_high") if k in metrics}},
+        "pipeline": {**pipeline, **{k: metrics[k] for k in ("AP", "AP50", "APs", "AP_low", "AP_high") if k in metrics},
+                     "model_sha256": model},
     }
     if tests:
         figures["tests"] = _timed_tests(repo, tests, env, workdir / "tests.log")
@@ -185,6 +190,8 @@ def table(figures: dict) -> str:
                 if pipeline.get("AP_low") is not None else "")
     lines.append(f"| AP (AP50, APs) on the val split, seed 0{interval} | {pipeline['AP']:.3f} ({pipeline['AP50']:.3f}, "
                  f"{pipeline['APs']:.3f}) | | |")
+    if pipeline.get("model_sha256"):
+        lines.append(f"| SHA-256 of `{MODEL}` | `{pipeline['model_sha256']}` | | |")
     lines.append(f"| the train stage's first line | {pipeline['first_line'] or '(none)'} | | |")
     if "tests" in figures:
         t = figures["tests"]

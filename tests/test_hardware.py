@@ -1,6 +1,7 @@
 """What the machine offers: the CPU budget from affinity and cgroup quotas, native bf16 as torch and
 oneDNN see it (holds honoured), and what ``auto`` resolves to."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -202,6 +203,8 @@ def test_the_tiny_pipeline_held_to_avx2_resolves_auto_to_fp32(tmp_path):
     assert "| `dvc repro`, all stages (wall) |" in fresh_clone.table(figures)
 
     repo, output = tmp_path / "repo", (tmp_path / "repro.log").read_text()
+    model = hashlib.sha256((repo / "outputs" / "train" / "model_final.pth").read_bytes()).hexdigest()
+    assert figures["pipeline"]["model_sha256"] == model and f"`{model}`" in fresh_clone.table(figures)
     assert "precision fp32, channels_last off: as the model was trained (stored in outputs/train/model_final.pth)" \
         in output[output.index("Running stage 'evaluate'"):]
     assert torch.load(repo / "outputs" / "train" / "model_final.pth", weights_only=True)["precision"] == "fp32"
