@@ -35,11 +35,12 @@ def _start(proxy: Proxy, threads: int, owner: int, slots) -> None:
     _proxy = proxy
 
 
-def _fine_tune(genome: Genome | None, seed_index: int) -> dict:
-    return fine_tune(_proxy, genome, seed_index)
+def _fine_tune(genome: Genome | None, seed_index: int, preset: str | None = None) -> dict:
+    return fine_tune(_proxy, genome, seed_index, preset=preset)
 
 
-Job = tuple[Genome | None, int]  # a genome (None: the null candidate) and a seed index
+# A genome (None: the null candidate) and a seed index; or (None, seed index, augment.name): a preset fine-tuned
+Job = tuple[Genome | None, int] | tuple[None, int, str]
 
 
 class CandidatePool:

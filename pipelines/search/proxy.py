@@ -140,20 +140,22 @@ def baseline_aps(proxy: Proxy) -> dict[str, float]:
     return heldout_aps(proxy, model)
 
 
-def fine_tune(proxy: Proxy, genome: Genome | None, seed_index: int = 0) -> dict:
+def fine_tune(proxy: Proxy, genome: Genome | None, seed_index: int = 0, *, preset: str | None = None) -> dict:
     """Fine-tune the baseline with ``genome`` (genes of ``search.space``; ``None``: the null candidate, the flip
-    only) at seed index ``seed_index``; return its scale bins, held-out APs and seconds."""
+    only) at seed index ``seed_index``; return its scale bins, held-out APs and seconds. ``preset`` (with
+    ``genome`` None): an ``augment.name`` instead, such as ``trivial_zoom``, fine-tuned the same way."""
     start = time.perf_counter()
     p = fine_tune_params(proxy.params)
     genes = space(p.search.space, p.augment.n_subpolicies)  # a genome of search.space
-    seed = fine_tune_seed(p, NULL if genome is None else genes.key(genome), seed_index)
+    name = genes.key(genome) if genome is not None else f"preset:{preset}" if preset else NULL
+    seed = fine_tune_seed(p, name, seed_index)
     torch.manual_seed(seed)
     model, cache = _model(proxy, "train")
     model.train()
     model.head.measure_scales(p.augment.scale_splits)
     if genome is None:
         augmentation = build_data.augmentation(dataclasses.replace(p, augment=dataclasses.replace(p.augment,
-                                                                                                  name="flip")))
+                                                                                                  name=preset or "flip")))
     else:
         augmentation = build_data.augmentation(p, decode_policy(genes.policy(genome), p.augment.n_subpolicies),
                                                ramp=False)
