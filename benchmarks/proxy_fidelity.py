@@ -128,7 +128,9 @@ def measure(p: Params, *, search: Path, seeds: int) -> dict:
                                                                 [comparators[i][k] for k in SCALES])
                       for i, r in enumerate(runs)]
             rows[arm] = {"full_AP": confirm["arms"][arm]["AP"], "proxy_AP": statistics.fmean(r["AP"] for r in runs),
-                         "score": statistics.fmean(scores), "per_seed_AP": [r["AP"] for r in runs],
+                         "score": statistics.fmean(scores),
+                         "score_sd": statistics.stdev(scores) if len(scores) > 1 else None,
+                         "per_seed_AP": [r["AP"] for r in runs],
                          "per_seed_score": scores,
                          "regulariser": None if genome is None else regulariser(
                              genes.policy(genome), params.augment.n_subpolicies, params.search.regulariser_weight)}
