@@ -1,6 +1,7 @@
 """Benchmark: the training compute of a configuration against the params', as images x pixels x FLOPs per pixel.
 
-Two factors, each measured for the baseline (``--params``) and the candidate (``--set`` over them):
+Two factors, each measured for the baseline (``--params``, ``--baseline`` over them) and the candidate
+(``--params``, ``--set`` over them):
 
 - **padded pixels**: the train stage's batching over the whole schedule replayed from the annotation cache's
   image sizes (:func:`benchmarks.padding.padding`: every image and its padding, as many images as the
@@ -13,6 +14,7 @@ Two factors, each measured for the baseline (``--params``) and the candidate (``
 Their product is the training compute; the table gives each factor and the candidate's ratio to the baseline.
 
     python -m benchmarks.compute --cache data/cache/train --set model.dfl_bins=16 [--params params.yaml] [--json]
+    python -m benchmarks.compute --cache data/cache/train --baseline model.dfl_bins=null   # today's against before
 """
 
 from __future__ import annotations
@@ -83,9 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, required=True, help="the training split's annotation cache")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the candidate's params")
+    parser.add_argument("--baseline", action="append", default=[], metavar="KEY=VALUE", help="the baseline's params")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
-    figures = measure(load_params(args.params), load_params(args.params, overrides=args.set),
+    figures = measure(load_params(args.params, overrides=args.baseline), load_params(args.params, overrides=args.set),
                       AnnotationCache(args.cache, verify=False))
     print(json.dumps(figures) if args.json else table(figures), flush=True)
 
