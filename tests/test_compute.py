@@ -17,8 +17,9 @@ def test_the_compute_ratio_is_the_product_of_the_pixel_and_flop_ratios(tmp_path)
     (tmp_path / "train.json").write_text(json.dumps(coco))
     build_cache(tmp_path / "train.json", tmp_path / "cache", image_root=str(tmp_path / "images"), drop_empty=True)
     cache = AnnotationCache(tmp_path / "cache")
-    base = with_values(load_params(REPO / "params.yaml"), "model", min_size_train=[128], max_size_train=224)
-    base = with_values(with_values(base, "train", max_iter=20, ims_per_batch=4, nproc=1), "loader", aspect_grouping=True)
+    base = with_values(load_params(REPO / "params.yaml"), "model", min_size_train=[128], max_size_train=224, dfl_bins=None)
+    base = with_values(with_values(base, "train", max_iter=20, ims_per_batch=4, nproc=1), "loader", aspect_grouping=True,
+                       padded_shape_grouping=False)
     candidate = with_values(with_values(base, "model", dfl_bins=16), "loader", padded_shape_grouping=True)
     figures = compute.measure(base, candidate, cache)
     r = figures["ratio"]
