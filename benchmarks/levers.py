@@ -51,9 +51,11 @@ def table(figures: dict) -> str:
              "ΔAP per seed | outcome |", "|---|---|---|---|---|---|---|---|---|"]
     for r in figures["levers"]:
         per_seed = ", ".join(f"{d:+.3f}" for d in r["per_seed_delta"].values())
+        b = r["bootstrap95"]  # None where the arms were reused from records, which keep no per-image matches
+        boot = "(arms reused from records)" if b is None else f"[{b[0]:+.4f}, {b[1]:+.4f}]"
         lines.append(f"| `{' '.join(r['candidate'])}` | {r['measured']} | {len(r['seeds'])} | "
                      "{}-{} | ".format(*r["images"]) + f"{r['mean_delta']:+.4f} | [{r['ci95'][0]:+.4f}, "
-                     f"{r['ci95'][1]:+.4f}] | [{r['bootstrap95'][0]:+.4f}, {r['bootstrap95'][1]:+.4f}] | {per_seed} | "
+                     f"{r['ci95'][1]:+.4f}] | {boot} | {per_seed} | "
                      f"{screen(r)} |")
     return "\n".join(lines)
 

@@ -99,6 +99,9 @@ def test_the_lever_table_holds_every_lever_record():
     from benchmarks.record import RECORDS
 
     assert json.loads((RECORDS / "levers.json").read_text())["figures"] == json.loads(json.dumps(levers.gather()))
+    reused = [r for r in levers.gather()["levers"] if r["bootstrap95"] is None]  # arms reused from records
+    assert all(f"`{' '.join(r['candidate'])}` | " in levers.table({"levers": [r]}) for r in reused)
+    assert "(arms reused from records)" in levers.table({"levers": reused}) or not reused
 
 
 def _section(text: str, heading: str) -> str:
