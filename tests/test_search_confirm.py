@@ -187,6 +187,7 @@ def test_the_policy_file_trains_the_winner_a_candidate_or_a_preset(tiny, tmp_pat
     ({"confirm__arms": [], "confirm__top_k": 0}, "confirm.top_k: expected at least one policy"),
     ({"confirm__seeds": 0}, "confirm.seeds: expected at least 1"),
     ({"confirm__fraction": 0}, "confirm.fraction: expected a fraction in (0, 1]"),
+    ({"confirm__top_k": 4, "search__rescore_top_k": 3}, "confirm.top_k: expected at most search.rescore_top_k (3)"),
 ])
 def test_bad_confirm_settings_are_one_line_errors(tiny, setting, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -219,8 +219,12 @@ def check_search_space(search: Search, augment: Augment, require: Require) -> No
             f"{published} sub-policies)", search.space)
 
 
-def check_confirm(confirm: Confirm, require: Require) -> None:
+def check_confirm(confirm: Confirm, search: Search, require: Require) -> None:
     require(confirm.top_k >= 0, "confirm.top_k", "an integer >= 0", confirm.top_k)
+    # every finalist's score is a mean over seeds, as every parent's is (none is, without rescoring)
+    require(search.rescore_top_k == 0 or confirm.top_k <= search.rescore_top_k, "confirm.top_k",
+            f"at most search.rescore_top_k ({search.rescore_top_k}): the finalists are the rescored candidates",
+            confirm.top_k)
     require(confirm.seeds >= 1, "confirm.seeds", "at least 1", confirm.seeds)
     require(0 < confirm.fraction <= 1, "confirm.fraction", "a fraction in (0, 1]", confirm.fraction)
     arms = confirm.arms

@@ -72,7 +72,7 @@ def _check_sections(p: Params, source: str, world_size: int | None, require: Req
     _check_processes(p, source, world_size)
     sections.check_search(p.search, require)
     sections.check_search_space(p.search, p.augment, require)
-    sections.check_confirm(p.confirm, require)
+    sections.check_confirm(p.confirm, p.search, require)
 
 
 # --- names that select code ----------------------------------------------------------------------------------
