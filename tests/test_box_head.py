@@ -80,9 +80,10 @@ def _small(**levers):
 
 
 def test_off_is_torchvisions_head_and_trains_as_before(base_params):
-    """The default params (both off) build torchvision's box branch itself: the same state dict keys and,
-    after two steps, the same losses and weights bit for bit as the detector built without the levers."""
-    p = _params(base_params)
+    """With both off (``dfl_bins`` is 16 in the default params since it was adopted) the params build
+    torchvision's box branch itself: the same state dict keys and, after two steps, the same losses and weights
+    bit for bit as the detector built without the levers."""
+    p = _params(base_params, **{"model.dfl_bins": None})
     assert (p.model.learn_scales, p.model.dfl_bins) == (False, None)
     model = _detector(p)
     assert type(model.head.regression_head) is FCOSRegressionHead

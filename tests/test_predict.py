@@ -335,6 +335,7 @@ def test_torch_backend_detects_as_evaluation_does(workspace, synthetic_split, tm
     cache = AnnotationCache(root / "cache")
     model, _, _ = build_model.trained_detector(p, model_file, categories=cache.categories, split=root / "cache",
                                                device=torch.device("cpu"))
+    build_model.use_evaluate(model, p)  # evaluation's post-processing (box voting), as the evaluate stage sets it
     model.score_thresh = 0.0
     dataset = DetectionDataset(cache, transforms=build_data.test_transforms(p), seed=p.seed, skip_crowd=False)
     loader = make_test_loader(dataset, batch_size=1, aspect_grouping=False)

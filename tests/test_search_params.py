@@ -43,7 +43,8 @@ def _params(raw: dict, **dotted):
     ([100, 200, 300], [256], [100, 200, 300]),
 ])
 def test_the_search_bounds_are_the_originals_scaled_or_given(raw, splits, min_sizes, expected):
-    p = _params(raw, search__scale_splits=splits, model__min_size_train=min_sizes, model__max_size_train=1333)
+    p = _params(raw, search__scale_splits=splits, model__min_size_train=min_sizes, model__max_size_train=1333,
+                loader__padded_shape_grouping=len(min_sizes) == 1)  # several sizes: batches by orientation only
     assert scale_splits(p) == expected
     searched = search_params(p)
     assert searched.augment.scale_splits == expected and searched.search == p.search and searched.model == p.model

@@ -70,9 +70,10 @@ def _reachable_by_others(path: Path) -> bool:
     return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
 
 
-# As root the server runs as the unprivileged user ``mlflow``, which must reach this checkout's Python; a checkout
-# under a folder other users cannot enter (a mktemp -d folder, root's home) keeps the server as root.
-UNPRIVILEGED = os.geteuid() != 0 or _reachable_by_others(REPO / ".venv")
+# As root the server runs as the unprivileged user ``mlflow``, which must reach the tests' Python environment (this
+# checkout's .venv, or the one a copy of it runs with); under a folder other users cannot enter (a mktemp -d folder,
+# root's home) the server stays root.
+UNPRIVILEGED = os.geteuid() != 0 or _reachable_by_others(Path(sys.prefix))
 SERVICE_USER = () if UNPRIVILEGED else ("--service-user", "root")
 
 

@@ -32,10 +32,12 @@ def _params(base: dict, **changes):
     return params_from_dict(raw, source="params.yaml")
 
 
-def test_the_default_params_turn_every_lever_off(base_params, tiny_cache):
+def test_the_default_params_turn_every_lever_off_but_the_adopted_one(base_params, tiny_cache):
     p = _params(base_params)
-    assert (p.loader.padded_shape_grouping, p.augment.off_tail, p.model.cls_loss) == (False, 0.0, "focal")
-    assert build_train.batch_groups(p, DetectionDataset(tiny_cache, transforms=None)) is None
+    assert (p.loader.padded_shape_grouping, p.augment.off_tail, p.model.cls_loss) == (True, 0.0, "focal")
+    assert build_train.batch_groups(p, DetectionDataset(tiny_cache, transforms=None)) is not None
+    off = _params(base_params, loader__padded_shape_grouping=False)
+    assert build_train.batch_groups(off, DetectionDataset(tiny_cache, transforms=None)) is None
     assert build_data.tail_start(p) is None
     assert build_data.augmentation(p).transforms[1].off_from is None
 
@@ -77,7 +79,8 @@ def test_padded_shape_groups_of_a_cache_give_one_padded_shape_per_training_batch
 def test_the_padding_benchmark_replays_the_training_batches(base_params, tiny_cache):
     from benchmarks.padding import padding
 
-    by_orientation = padding(_params(base_params, train__max_iter=30, train__warmup_iters=2), tiny_cache)
+    by_orientation = padding(_params(base_params, train__max_iter=30, train__warmup_iters=2,
+                                     loader__padded_shape_grouping=False), tiny_cache)
     by_shape = padding(_params(base_params, train__max_iter=30, train__warmup_iters=2,
                                loader__padded_shape_grouping=True), tiny_cache)
     assert by_shape["padding"] < by_orientation["padding"] and by_shape["padded_pixels"] < by_orientation["padded_pixels"]
