@@ -82,7 +82,8 @@ def test_the_documented_command_trains_on_data_outside_the_repository_and_watche
     # the 12 COCO figures, the 95% intervals of six of them and the AP per IoU threshold, as DVC sorts them
     coco = sorted(["AP", "AP50", "AP75", "APl", "APm", "APs", "AR1", "AR10", "AR100", "ARl", "ARm", "ARs",
                    *(f"{k}_{end}" for k in SUMMARY_FIGURES for end in ("low", "high")), *IOU_FIGURES])
-    export = ["ap_onnx", "ap_onnx_tta", "ap_torch", "ap_torch_tta", "detections", "match_rate", "max_abs_diff"]
+    export = ["ap_onnx", "ap_onnx_tta", "ap_tolerance", "ap_torch", "ap_torch_tta", "detections", "match_rate",
+              "max_abs_diff"]
     assert len(categories) > 10  # and not one column per class: the 12 COCO figures, the export's and the run ids
     assert header == ["Path", *coco, *export, "mlflow_run_id", "mlflow_training_run_id", "val_fingerprint"]
     assert "prepare" not in _dvc(repo, "status", "dvc.yaml").stdout
