@@ -51,7 +51,7 @@ def flops_per_pixel(p: Params, num_classes: int) -> dict:
         losses = model(images, [(side, side)] * batch, targets)
         sum(losses.values()).backward()
     total = counter.get_total_flops()
-    return {"flops": total, "pixels": batch * side * side, "per_pixel": total / (batch * side * side), "side": side}
+    return {"flops": total, "per_pixel": total / (batch * side * side), "side": side}
 
 
 def measure(base: Params, candidate: Params, cache: AnnotationCache) -> dict:

@@ -112,9 +112,8 @@ def measure(p: Params, *, search: Path, seeds: int) -> dict:
         wanted = {(genome, i, preset) for genome, preset in arms.values() for i in range(seeds)}
         if params.search.pareto_comparator != "baseline":  # the comparator: the null candidate at each seed index
             wanted |= {(None, i, None) for i in range(seeds)}
-        jobs = [(g, i, preset) if preset else (g, i) for g, i, preset in sorted(wanted, key=repr)]
         with CandidatePool(proxy) as pool:
-            results = {(job[0], job[1], job[2] if len(job) > 2 else None): r for job, r in pool.fine_tunes(jobs)}
+            results = dict(pool.fine_tunes(sorted(wanted, key=repr)))
         if params.search.pareto_comparator == "baseline":
             base = baseline_aps(proxy)
             comparators = {i: base for i in range(seeds)}
@@ -143,8 +142,8 @@ def measure(p: Params, *, search: Path, seeds: int) -> dict:
     return figures
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:+.{digits}f}" if digits == 2 else f"{value:.{digits}f}"
+def _signed(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2f}"
 
 
 def table(figures: dict) -> str:
@@ -157,10 +156,10 @@ def table(figures: dict) -> str:
         f, o = fair["arms"][arm], original["arms"][arm]
         lines.append(f"| {arm} | {f['full_AP']:.3f} | {f['proxy_AP']:.3f} | {f['score']:.4f} | {o['proxy_AP']:.3f} | "
                      f"{o['score']:.4f} |")
-    lines.append(f"| Spearman with the full schedule's AP: by proxy AP | | {_fmt(fair['spearman_AP'], 2)} | | "
-                 f"{_fmt(original['spearman_AP'], 2)} | |")
-    lines.append(f"| Spearman with the full schedule's AP: by score (lower first) | | | {_fmt(fair['spearman_score'], 2)} "
-                 f"| | {_fmt(original['spearman_score'], 2)} |")
+    lines.append(f"| Spearman with the full schedule's AP: by proxy AP | | {_signed(fair['spearman_AP'])} | | "
+                 f"{_signed(original['spearman_AP'])} | |")
+    lines.append(f"| Spearman with the full schedule's AP: by score (lower first) | | | {_signed(fair['spearman_score'])} "
+                 f"| | {_signed(original['spearman_score'])} |")
     return "\n".join(lines) + (f"\n\nProxy figures: means over {figures['seeds']} seed indices; score = balance x "
                                "Pareto penalty (the regulariser left out: flip and trivial_zoom have no genes).")
 

@@ -84,7 +84,7 @@ def ap_tolerance(ground_truth: Path, image_ids: Iterable[int]) -> float:
     worth: the AP that one detection matched or missed at one IoU threshold can move, ``1 / (10 x categories
     x boxes of the rarest category)`` over the images' non-crowd boxes. On a few images of a barely trained
     model a hair's difference in the decoded pixels moves a box across a threshold; on the default 128 val
-    images one box is worth about 0.0004, and 0.002 holds."""
+    images one box is worth about 0.0002, and 0.002 holds."""
     wanted = set(image_ids)
     counts: dict[int, int] = {}
     for a in json.loads(Path(ground_truth).read_text())["annotations"]:

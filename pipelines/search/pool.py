@@ -39,8 +39,8 @@ def _fine_tune(genome: Genome | None, seed_index: int, preset: str | None = None
     return fine_tune(_proxy, genome, seed_index, preset=preset)
 
 
-# A genome (None: the null candidate) and a seed index; or (None, seed index, augment.name): a preset fine-tuned
-Job = tuple[Genome | None, int] | tuple[None, int, str]
+# A genome (None: the null candidate) and a seed index; a third item, an augment.name, fine-tunes that preset instead
+Job = tuple[Genome | None, int] | tuple[Genome | None, int, str | None]
 
 
 class CandidatePool:
