@@ -28,7 +28,7 @@ pipeline: install
 # their own earlier tests): about 1.5x faster than one on 2 cores. `pytest -n 0` runs them in one process.
 # (Handing them the longest files first, or a third worker, measured no faster: the work is CPU-bound.)
 test: install
-	pytest -n 2 --dist loadfile -rs
+	pytest -n 2 --dist loadfile -rs --durations=25
 
 # What this machine offers training, what `auto` resolves to, and how long `make pipeline` takes here.
 doctor: install

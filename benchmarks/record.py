@@ -1,4 +1,4 @@
-"""Benchmark figures kept as data, and the tables of docs/benchmarks.md and docs/results.md written from them.
+"""Benchmark figures kept as data, and the tables of docs/benchmarks.md, results.md and search.md written from them.
 
     python -m benchmarks.record run NAME -- benchmarks.sa_autoaug --clock cpu   # measure, keep the record
     python -m benchmarks.record docs [--check]                                 # write (or check) the tables
@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "benchmarks" / "records"
-DOCS = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "results.md")
+DOCS = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "results.md", REPO / "docs" / "search.md")
 BLOCK = re.compile(r"<!-- record: ([\w-]+) -->\n.*?<!-- /record -->", re.DOTALL)
 
 

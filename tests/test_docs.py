@@ -53,7 +53,7 @@ def test_no_text_points_outside_the_repository():
 
 
 def test_benchmark_tables_are_written_from_their_records(tmp_path):
-    """The record tables of docs/benchmarks.md and docs/results.md are each benchmark's own ``table()`` of a
+    """The record tables of docs/benchmarks.md, docs/results.md and docs/search.md are each benchmark's own ``table()`` of a
     record in benchmarks/records/; a figure changed in a record (or in the page) makes them disagree."""
     import json
     import shutil
