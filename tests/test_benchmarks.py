@@ -284,7 +284,7 @@ def test_fresh_clone_benchmark_runs_the_makefiles_test_command_and_counts_what_p
     last line, so a failing suite is recorded as failing, not as a time."""
     from benchmarks import fresh_clone
 
-    assert fresh_clone.make_test_command(REPO / "Makefile") == "pytest -n 2 --dist loadfile -rs"
+    assert fresh_clone.make_test_command(REPO / "Makefile") == "pytest -n 2 --dist loadfile -rs --durations=25"
     assert "bash .ci/run" not in fresh_clone.make_test_command(REPO / "Makefile")  # the recipe, not CI's steps
     failing = "python -c \"print('== 2 failed, 5 passed, 1 skipped in 3.0s =='); raise SystemExit(1)\""
     found = fresh_clone._timed_tests(tmp_path, failing, dict(os.environ), tmp_path / "tests.log")
