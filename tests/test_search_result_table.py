@@ -40,9 +40,9 @@ def test_an_unpublished_search_is_refused_in_one_line(tmp_path):
     (tmp_path / "confirm.json").write_text("{}")  # as committed before any search
     with pytest.raises(ConfigError, match=r"confirm.json: empty \(expected a published search"):
         search_result.measure(tmp_path)
+    _publish(tmp_path / "half")
+    (tmp_path / "half" / "search.json").unlink()
     with pytest.raises(ConfigError, match=r"search.json: not found"):
-        _publish(tmp_path / "half")
-        (tmp_path / "half" / "search.json").unlink()
         search_result.measure(tmp_path / "half")
 
 
