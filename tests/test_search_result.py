@@ -111,7 +111,8 @@ def test_publishing_copies_the_files_byte_for_byte_and_the_preset_trains_them(tm
     assert trained.policy == GENOME and trained.scale_splits == [210, 1049, 5243]
 
 
-def test_the_committed_preset_reads_the_committed_policy_file_and_says_what_to_run_without_one():
+def test_the_committed_preset_reads_the_committed_policy_file_and_says_what_to_run_without_one(tmp_path,
+                                                                                               monkeypatch):
     """conf/augment/searched.yaml is what the command writes, and reads benchmarks/records/search/policy.json
     (committed), never a DVC output of the search; where no search was published, training says what to run."""
     committed = "benchmarks/records/search/policy.json"
@@ -119,9 +120,12 @@ def test_the_committed_preset_reads_the_committed_policy_file_and_says_what_to_r
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["augment"] = yaml.safe_load(compose_params(REPO, ["augment=searched"]))["augment"]
     assert raw["augment"]["policy_file"] == "benchmarks/records/search/policy.json"
-    if (REPO / "benchmarks" / "records" / "search" / "policy.json").is_file():
-        assert read_policy_file(params_from_dict(raw)).augment.policy is not None
-        return
+    published = REPO / committed
+    if published.is_file():  # the genes (or the preset's section) of the published search are what trains
+        monkeypatch.chdir(REPO)
+        found, p = json.loads(published.read_text()), read_policy_file(params_from_dict(raw))
+        assert p.augment.policy == found["policy"] if "policy" in found else p.augment.name == found["augment"]["name"]
+    monkeypatch.chdir(tmp_path)  # a clone where no search was published
     with pytest.raises(ConfigError, match=r"^params.yaml: augment.policy_file: benchmarks/records/search/policy.json: "
                                           r"not found; .*python -m stages.publish_search"):
         read_policy_file(params_from_dict(raw))
