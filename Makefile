@@ -8,7 +8,7 @@ PYTHON ?= python3
 BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install pipeline test doctor search lock team-server team-user team-stop team-backup tracking-server s3-server team-join
+.PHONY: install pipeline test doctor search search-pipeline lock team-server team-user team-stop team-backup tracking-server s3-server team-join
 
 # Every dependency at its locked version, then the project itself (editable, deps already there).
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -34,13 +34,18 @@ test: install
 doctor: install
 	python -m pipelines.doctor
 
-# The policy search, a pipeline of its own: linked as search/dvc.yaml on first use (commit the link, so
-# that a colleague's DVC knows it too), then reproduced (about 2 hours on 2 cores, the confirmation included),
-# and its result published into benchmarks/records/search/, which augment=searched trains (commit it).
-search: install
-	test -e search/dvc.yaml || ln -s pipeline.yaml search/dvc.yaml
+# The policy search, a pipeline of its own: search/pipeline.yaml copied to search/dvc.yaml, the name DVC knows
+# (a copy, not a link: DVC reads a committed link as a file holding its target's name and refuses that commit);
+# commit the copy, so that a colleague's DVC knows the search too. Then reproduced (about three hours on 2 cores,
+# the confirmation included), and its result published into benchmarks/records/search/, which augment=searched
+# trains (commit it).
+search: install search-pipeline
 	dvc repro search/dvc.yaml
 	python -m stages.publish_search
+
+# Edit search/pipeline.yaml, never search/dvc.yaml: each `make search` copies it again.
+search-pipeline:
+	rm -f search/dvc.yaml && cp search/pipeline.yaml search/dvc.yaml
 
 # A team's lead: both servers in the background (the S3 server, and the MLflow server with auth and workspaces,
 # its artifacts in the S3 server's bucket), their state in FOLDER (default outside the checkout:

@@ -1,4 +1,4 @@
-"""End to end: the policy search (search/pipeline.yaml, linked as search/dvc.yaml) on a tiny configuration
+"""End to end: the policy search (search/pipeline.yaml, copied to search/dvc.yaml) on a tiny configuration
 in a copy of the repository: a tree of MLflow runs, resumed after a kill to the result of an uninterrupted
 search, and its policy trained with ``augment=searched``."""
 
@@ -46,7 +46,10 @@ def repo(tmp_path_factory):
     composed = subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY, *SEARCH], cwd=repo, env=_env(),
                               capture_output=True, text=True)
     assert composed.returncode == 0, composed.stderr
-    (repo / "search" / "dvc.yaml").symlink_to("pipeline.yaml")  # as `make search` links it on first use
+    (repo / "search" / "dvc.yaml").unlink(missing_ok=True)  # (a working tree's own, copied with its files)
+    (repo / "search" / "dvc.yaml").symlink_to("pipeline.yaml")  # an older checkout's link: the copy replaces it
+    made = subprocess.run(["make", "search-pipeline"], cwd=repo, env=_env(), capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr  # what `make search` does before its `dvc repro search/dvc.yaml`
     return repo
 
 
@@ -111,6 +114,23 @@ def test_a_search_writes_its_policy_metrics_and_plots_and_a_tree_of_mlflow_runs(
     assert parent.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"search_policy.json", "best_policy.txt", "preview", "confirm"} <= artifacts
+
+
+def test_a_committed_search_is_read_by_dvc_in_its_commit(repo):
+    """As docs/search.md says to commit it (with the lock and the metrics), DVC reads the search's pipeline in
+    that commit too: a link in place of the copy fails there ("expected a dictionary")."""
+    dvc_file = repo / "search" / "dvc.yaml"
+    assert not dvc_file.is_symlink() and dvc_file.read_text() == (repo / "search" / "pipeline.yaml").read_text()
+    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
+                "GIT_COMMITTER_EMAIL": "t@localhost"}
+    for command in (["git", "add", "search/dvc.yaml", "search/dvc.lock", "search/metrics"],
+                    ["git", "commit", "-qm", "the search"]):
+        subprocess.run(command, cwd=repo, env={**_env(), **identity}, check=True, capture_output=True)
+    shown = json.loads(_dvc(repo, "exp", "show", "--json"))
+    assert [(row["rev"], row["error"]) for row in shown if row["error"]] == []
+    head = json.loads(_dvc(repo, "metrics", "show", "--json", "-a"))
+    committed = next(data for rev, data in head.items() if rev != "workspace")
+    assert "error" not in committed and committed["data"]["search/metrics/search.json"]["data"]["winner"]
 
 
 def test_a_killed_search_resumes_to_the_history_and_policy_of_an_uninterrupted_one(repo):
