@@ -93,6 +93,7 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None,
     setup_logging(rank)
     clear_stops()
     stop, previous = _stop_on_signals()
+    unraisable_hook, sys.unraisablehook = sys.unraisablehook, _quiet_stops(sys.unraisablehook)
     code: int | str | None = 0
     try:
         with logging_redirect_tqdm():  # a log record goes above the progress bar, not after its text on its line
@@ -119,6 +120,7 @@ def run(main: Callable[[list[str] | None], None], argv: list[str] | None = None,
         code = exit_.code
     finally:
         clear_stops()  # handled: a later run in this process starts without it
+        sys.unraisablehook = unraisable_hook
         for signum, handler in previous.items():  # those the stage did not replace with its own
             if signal.getsignal(signum) is stop:
                 signal.signal(signum, handler)
@@ -177,6 +179,16 @@ def _stop_on_signals():
     if threading.current_thread() is not threading.main_thread():
         return stop, {}
     return stop, {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+
+
+def _quiet_stops(hook):
+    """``hook`` (``sys.unraisablehook``) less the stops a finaliser swallowed: Python would print each as
+    "Exception ignored in ..." with a traceback, where the stop is recorded and ends the stage in its one line
+    (:func:`~pipelines.errors.raise_if_stopped`)."""
+    def quiet(unraisable):
+        if not isinstance(unraisable.exc_value, Stopped):
+            hook(unraisable)
+    return quiet
 
 
 def _record(line: str) -> None:

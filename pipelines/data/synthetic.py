@@ -17,6 +17,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from ..errors import raise_if_stopped
+
 SHAPES = ("circle", "rectangle", "triangle", "star", "cross", "diamond")
 CATEGORY_IDS = (1, 3, 4, 9, 15, 22)  # gaps on purpose: exercises the label <-> id mapping
 SPLIT_CODES = {"train": 1, "val": 2}
@@ -45,6 +47,7 @@ def generate_split(
     out_dir.mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
     for index in tqdm(range(size), desc=f"synthetic {split}", unit="img", mininterval=2.0):
+        raise_if_stopped()  # a stop a finaliser swallowed ends the work here, not after the last image
         image_id = index + 1
         rng = np.random.default_rng((seed, SPLIT_CODES[split], index))
         pixels, objects = _draw_image(rng, num_classes, min_side, max_side, min_objects, max_objects)
