@@ -612,7 +612,7 @@ def test_sigkill_of_the_launcher_or_of_dvc_leaves_nothing_running_and_the_next_r
     run_file = repo / "outputs" / "train" / "checkpoints" / "run.json"
     killed_run = json.loads(run_file.read_text())["run_id"]
     run_file.unlink()
-    done = subprocess.run(["dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(["dvc", "repro", "evaluate"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not list(tmp_path.glob("torchelastic_*"))  # ...are removed by the next launch
     resumed_from = int(re.search(r"resuming from .* \(iteration (\d+)\)", done.stderr).group(1))
@@ -677,7 +677,7 @@ def test_two_nodes_of_one_process_train_the_weights_of_one_node_of_two(repo, tmp
     assert [core for core, _ in launchers] == [0, 1] and launchers[0][1] == launchers[1][1]
     cores = sorted(os.sched_getaffinity(0))[:2]
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    assert params["train"]["nproc"] == 2 and _dvc_json(repo, "status", "dvc.yaml") == {}  # the model: one node of two
+    assert params["train"]["nproc"] == 2 and _dvc_json(repo, "status", "train") == {}  # the model: one node of two
     for key, value in overrides.items():
         section, name = key.split(".")
         params[section][name] = yaml.safe_load(value)
@@ -699,7 +699,7 @@ def test_distributed_evaluation_gives_the_metrics_of_one_process(repo, tmp_path)
     pipeline's 2 did (``evaluate.ims_per_batch`` 2 in the tiny params)."""
     params = yaml.safe_load((repo / "params.yaml").read_text())
     assert (params["train"]["nproc"], params["evaluate"]["ims_per_batch"]) == (2, 2)
-    assert _dvc_json(repo, "status", "dvc.yaml") == {}  # the metrics are those of the model
+    assert _dvc_json(repo, "status", "evaluate") == {}  # the metrics are those of the model
     params["train"]["nproc"], params["evaluate"]["ims_per_batch"] = 1, 1
     out = tmp_path
     args = ["stages.evaluate", "--cache", "data/cache", "--prepared", "data/prepared", "--model",

@@ -158,7 +158,7 @@ def test_augment_searched_trains_the_policy_the_search_found(repo):
             == (repo / "search/outputs/policy.json").read_bytes())
     subprocess.run([sys.executable, "-m", "pipelines.compose", *TINY, *SEARCH, "augment=searched"], cwd=repo,
                    env=_env(), check=True)
-    ran = _ran(_dvc(repo, "repro"))
+    ran = _ran(_dvc(repo, "repro", "evaluate"))
     assert {"train", "evaluate"} <= ran and not {s for s in ran if s.startswith("search/")}
     best = json.loads((repo / "search" / "outputs" / "policy.json").read_text())
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
