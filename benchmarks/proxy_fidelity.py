@@ -32,6 +32,7 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from pipelines import cli
 from pipelines.build import data as build_data
@@ -113,7 +114,8 @@ def measure(p: Params, *, search: Path, seeds: int) -> dict:
         if params.search.pareto_comparator != "baseline":  # the comparator: the null candidate at each seed index
             wanted |= {(None, i, None) for i in range(seeds)}
         with CandidatePool(proxy) as pool:
-            results = dict(pool.fine_tunes(sorted(wanted, key=repr)))
+            results = dict(tqdm(pool.fine_tunes(sorted(wanted, key=repr)), total=len(wanted),
+                                desc=f"{name} proxy", unit="fine-tune"))
         if params.search.pareto_comparator == "baseline":
             base = baseline_aps(proxy)
             comparators = {i: base for i in range(seeds)}
