@@ -130,10 +130,27 @@ def digest(value) -> str:
 def training_key(raw: dict) -> str:
     """What training reads: two arms with the same key train the same model at a seed. A setting that is
     off (``false`` or ``null``, as every lever is until adopted) is left out, so a lever added later
-    leaves the key of the models already kept as it was."""
-    reads = {k: v for k, v in raw.items() if k not in NOT_TRAINING and k != "seed"}
+    leaves the key of the models already kept as it was. A search's policy file is read as the train stage
+    reads it (:func:`read_policy_file`), and ``augment.policy_file`` itself is left out: ``augment=searched``
+    with the published policy in its file trains the published preset's very models."""
+    reads = {k: v for k, v in _resolved(raw).items() if k not in NOT_TRAINING and k != "seed"}
     reads["dataset"] = {k: v for k, v in raw["dataset"].items() if k != "val_size"}
+    reads["augment"] = {k: v for k, v in reads["augment"].items() if k != "policy_file"}
     return digest(_without_off(reads))
+
+
+def _resolved(raw: dict) -> dict:
+    """``raw`` with its ``augment`` section as the train stage trains it (a search's policy file read)."""
+    import dataclasses
+
+    from pipelines.config.load import params_from_text, read_policy_file
+
+    augment = raw.get("augment", {})
+    if augment.get("policy") is not None or not str(augment.get("policy_file", "")).endswith(".json"):
+        return raw
+    resolved = dataclasses.asdict(read_policy_file(params_from_text(yaml.safe_dump(raw), source="the composed params"))
+                                  .augment)  # (the values it changes: 512.0 and 512 are one setting)
+    return {**raw, "augment": {**augment, **{k: v for k, v in resolved.items() if augment.get(k) != v}}}
 
 
 def evaluation_key(raw: dict, model: str) -> str:

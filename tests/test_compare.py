@@ -169,6 +169,33 @@ def test_the_training_key_ignores_evaluation_and_settings_left_off():
     assert training_key(compose(["train.base_lr=0.0015"], images)) != key
 
 
+def test_a_searched_policy_file_is_keyed_by_the_policy_it_holds(tmp_path):
+    """``augment=searched`` trains what its policy file holds: with the published genes and bounds, the
+    published preset's very models (one key); with other genes, or a preset's section, other models."""
+    import json
+
+    from benchmarks.compare import compose, parse_images, training_key
+
+    images = parse_images("0-127")
+    published = compose([], images)
+    searched = compose(["augment=searched"], images)
+    genes = list(published["augment"]["policy"])
+    bounds = published["augment"]["scale_splits"]
+
+    def holding(content: dict) -> dict:
+        path = tmp_path / f"policy-{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(json.dumps(content))
+        return {**searched, "augment": {**searched["augment"], "policy_file": str(path)}}
+
+    assert searched["augment"]["policy"] is None
+    assert training_key(holding({"policy": genes, "scale_splits": bounds})) == training_key(published)
+    other = [(g + 1) % 10 for g in genes]
+    assert training_key(holding({"policy": other, "scale_splits": bounds})) != training_key(published)
+    assert training_key(holding({"policy": genes, "scale_splits": [1024, 8192, 40960]})) != training_key(published)
+    assert training_key(holding({"augment": compose(["augment=flip"], images)["augment"]})) == \
+        training_key(compose(["augment=flip"], images))
+
+
 def test_the_evaluation_key_keeps_evaluations_kept_before_a_later_evaluation_lever():
     """``evaluate.bn_reestimate`` off gives the key evaluations had before it existed; on, another key."""
     from benchmarks.compare import SCORING, compose, digest, evaluation_key, parse_images
