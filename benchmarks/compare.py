@@ -451,7 +451,8 @@ def _fmt(value: float | None, sign: bool = True) -> str:
 
 
 def table(f: dict) -> str:
-    lines = [f"`{f['name']}` against the baseline, seeds {', '.join(map(str, f['seeds']))}, val images "
+    against = f" ({' '.join(f['baseline'])})" if f.get("baseline") else " (the default configuration)"
+    lines = [f"`{f['name']}` against the baseline{against}, seeds {', '.join(map(str, f['seeds']))}, val images "
              "{}-{}".format(*f["images"]) + (f", held to {f['hold']}" if f["hold"] else "") + f", {f['precision']}.", "",
              "| seed | AP base | AP cand | " + " | ".join(f"Δ{k}" for k in COMPARED) + " |",
              "|---|---|---|" + "---|" * len(COMPARED)]

@@ -207,3 +207,18 @@ def test_the_evaluation_key_keeps_evaluations_kept_before_a_later_evaluation_lev
     assert evaluation_key(compose(["evaluate.bn_reestimate=256"], parse_images("0-127")), "m-s0") != \
         evaluation_key(base, "m-s0")
     assert evaluation_key(compose(["evaluate.merge=wbf"], parse_images("0-127")), "m-s0") != evaluation_key(base, "m-s0")
+
+
+def test_the_table_names_the_baseline_and_shows_each_seed_and_the_verdict():
+    figures = {k: 0.0 for k in compare.COMPARED}
+    runs = [{"arm": arm, "seed": s, "figures": {**figures, "AP": ap + s / 100}}
+            for s in (0, 1) for arm, ap in (("baseline", 0.5), ("candidate", 0.52))]
+    f = {"name": "searched-vs-flip", "baseline": ["augment=flip"], "seeds": [0, 1], "images": [1024, 2047],
+         "hold": "avx2", "precision": "fp32", "runs": runs,
+         "per_seed": {str(s): {**figures, "AP": 0.02} for s in (0, 1)}, "mean": {**figures, "AP": 0.02},
+         "bootstrap95": [0.01, 0.03], "mean_delta": 0.02, "ci95": [0.02, 0.02], "verdict": "adopt"}
+    text = compare.table(f)
+    assert text.startswith("`searched-vs-flip` against the baseline (augment=flip), seeds 0, 1, val images 1024-2047, "
+                           "held to avx2, fp32.")
+    assert "| 1 | 0.510 | 0.530 |" in text and "verdict: **adopt**" in text
+    assert "against the baseline (the default configuration)" in compare.table({**f, "baseline": []})
