@@ -466,6 +466,10 @@ def table(f: dict) -> str:
     boot = (f"paired image bootstrap 95% [{f['bootstrap95'][0]:+.4f}, {f['bootstrap95'][1]:+.4f}]"
             if f["bootstrap95"] else f"no paired image bootstrap ({f['reused']} runs reused from records keep no "
             "per-image matches)")
+    if all(base[s].get("model_sha256") and base[s].get("model_sha256") == cand[s].get("model_sha256")
+           and base[s]["figures"] == cand[s]["figures"] for s in f["seeds"]):
+        lines += ["", "Both arms are the very same models, scored alike: the candidate trains and evaluates as the "
+                      "baseline does (ΔAP 0 by construction, not by chance)."]
     lines += ["", f"Mean ΔAP {f['mean_delta']:+.4f}, t 95% interval [{f['ci95'][0]:+.4f}, {f['ci95'][1]:+.4f}], "
                   f"{boot}; verdict: **{f['verdict']}**."]
     return "\n".join(lines)

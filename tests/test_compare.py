@@ -222,3 +222,6 @@ def test_the_table_names_the_baseline_and_shows_each_seed_and_the_verdict():
                            "held to avx2, fp32.")
     assert "| 1 | 0.510 | 0.530 |" in text and "verdict: **adopt**" in text
     assert "against the baseline (the default configuration)" in compare.table({**f, "baseline": []})
+    assert "the very same models" not in text
+    same = [{**r, "model_sha256": f"m{r['seed']}", "figures": {**figures, "AP": 0.5}} for r in runs]
+    assert "Both arms are the very same models" in compare.table({**f, "runs": same})
